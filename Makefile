@@ -1,0 +1,37 @@
+# The README names these targets; each installs what it needs into .venv first.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: test lint typecheck pytest check-java bench-commit clean
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,spark]'
+	@touch $(STAMP)
+
+check-java:
+	@java -version >/dev/null 2>&1 || { \
+	  echo "Java 17 is required for the Spark layer and its tests, and 'java' was not found."; \
+	  echo "Install it (Debian/Ubuntu: apt-get install openjdk-17-jre-headless) and retry."; \
+	  exit 1; }
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP) check-java
+	PYSPARK_PYTHON=$(abspath $(BIN)/python) $(BIN)/python -m pytest
+
+test: lint typecheck pytest
+
+bench-commit: $(STAMP)
+	$(BIN)/python benchmarks/commit.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,43 @@
+"""statekeeper: durable, incremental state for Python stateful stream processing on Spark.
+
+Start with :class:`StateBackend`::
+
+    import statekeeper as sk
+
+    backend = sk.StateBackend("/tmp/app-state")
+    with backend.open("sessions", partition=0) as store:
+        store.put(b"user-1", b"3")
+        store.commit()
+"""
+
+from __future__ import annotations
+
+from statekeeper.config import StoreConfig
+from statekeeper.errors import (
+    CommitConflictError,
+    ConfigMismatchError,
+    CorruptStateError,
+    StateKeeperError,
+    StateNotFoundError,
+    StorageError,
+    TransientStorageError,
+)
+from statekeeper.store import CommitInfo, RestoreInfo, StateBackend, StateStore
+
+__all__ = [
+    "CommitConflictError",
+    "CommitInfo",
+    "ConfigMismatchError",
+    "CorruptStateError",
+    "RestoreInfo",
+    "StateBackend",
+    "StateKeeperError",
+    "StateNotFoundError",
+    "StateStore",
+    "StorageError",
+    "StoreConfig",
+    "TransientStorageError",
+    "__version__",
+]
+
+__version__ = "0.1.0"

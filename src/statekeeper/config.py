@@ -1,0 +1,94 @@
+"""Configuration of a state backend: one frozen, keyword-only dataclass."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["Compression", "Mode", "StoreConfig"]
+
+Mode = Literal["changelog", "snapshot"]
+Compression = Literal["zstd", "none"]
+
+_MODES = ("changelog", "snapshot")
+_COMPRESSIONS = ("zstd", "none")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreConfig:
+    """How stores of a backend commit, snapshot, retain and transfer state.
+
+    Attributes:
+        mode: ``"changelog"`` (default): every commit uploads a changelog of its puts and
+            deletes; ``"snapshot"``: every commit is an incremental snapshot. Both modes read
+            both formats, so switching keeps all state.
+        snapshot_every: versions between background snapshots in changelog mode.
+        retain_versions: how many of the newest versions stay restorable.
+        orphan_ttl_s: grace period before a blob that no committed version references may be
+            deleted by garbage collection.
+        chunk_size: largest blob a snapshot file is split into, in bytes.
+        io_threads: parallel transfers per call (uploads, downloads).
+        compression: changelog body compression, ``"zstd"`` or ``"none"``.
+        compression_level: zstd level for changelog bodies.
+        local_dir: folder holding the local RocksDB working copies; ``None`` means a
+            ``statekeeper`` folder in the system temp dir.
+        local_checkpoint_interval_s: at most this many seconds between durable flushes of a
+            local working copy; bounds how far a hard crash can set the local copy back
+            (it is then caught up from the changelogs).
+        write_buffer_mb: RocksDB memtable size of a working copy.
+    """
+
+    mode: Mode = "changelog"
+    snapshot_every: int = 10
+    retain_versions: int = 100
+    orphan_ttl_s: float = 7 * 24 * 3600.0
+    chunk_size: int = 64 * 1024 * 1024
+    io_threads: int = 8
+    compression: Compression = "zstd"
+    compression_level: int = 3
+    local_dir: str | None = None
+    local_checkpoint_interval_s: float = 60.0
+    write_buffer_mb: int = 64
+
+    def __post_init__(self) -> None:
+        if self.mode not in _MODES:
+            raise ValueError(f"StoreConfig.mode must be one of {_MODES}, got {self.mode!r}")
+        if self.compression not in _COMPRESSIONS:
+            raise ValueError(
+                f"StoreConfig.compression must be one of {_COMPRESSIONS}, got {self.compression!r}"
+            )
+        _positive_int("snapshot_every", self.snapshot_every)
+        _positive_int("retain_versions", self.retain_versions)
+        _positive_int("chunk_size", self.chunk_size)
+        _positive_int("io_threads", self.io_threads)
+        _positive_int("write_buffer_mb", self.write_buffer_mb)
+        if not isinstance(self.compression_level, int) or not 1 <= self.compression_level <= 22:
+            raise ValueError(
+                f"StoreConfig.compression_level must be an int in [1, 22], "
+                f"got {self.compression_level!r}"
+            )
+        _non_negative("orphan_ttl_s", self.orphan_ttl_s)
+        _non_negative("local_checkpoint_interval_s", self.local_checkpoint_interval_s)
+        if self.local_dir is not None and not isinstance(self.local_dir, str | os.PathLike):
+            raise TypeError(
+                f"StoreConfig.local_dir must be a path or None, got {type(self.local_dir).__name__}"
+            )
+
+    @property
+    def resolved_local_dir(self) -> str:
+        """The folder of local working copies, with the default filled in."""
+        if self.local_dir is None:
+            return os.path.join(tempfile.gettempdir(), "statekeeper")
+        return os.fspath(self.local_dir)
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"StoreConfig.{name} must be an int >= 1, got {value!r}")
+
+
+def _non_negative(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"StoreConfig.{name} must be a number >= 0, got {value!r}")

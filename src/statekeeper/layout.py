@@ -1,0 +1,172 @@
+"""The one owner of blob key names under a checkpoint root (ARCHITECTURE §4).
+
+Nobody else formats or parses a blob path. Keys are relative to the root and always use
+``/``; versions are zero-padded to 20 digits so that lexicographic listing order is version
+order.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "ROOT_METADATA",
+    "changelog_key",
+    "changelog_prefix",
+    "epoch_key",
+    "epochs_prefix",
+    "file_blob_key",
+    "files_prefix",
+    "parse_changelog_key",
+    "parse_epoch_key",
+    "parse_snapshot_key",
+    "snapshot_index_key",
+    "snapshot_prefix",
+    "store_prefix",
+    "validate_operator",
+    "validate_partition",
+    "validate_version",
+]
+
+ROOT_METADATA = "_statekeeper.json"
+
+_OPERATOR_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_BLOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}")
+_CHANGELOG_SUFFIX = ".changelog"
+_INDEX_SUFFIX = ".index.json"
+_EPOCHS = "_epochs/"
+_DIGITS = 20
+
+
+def validate_operator(name: object) -> str:
+    """Return ``name`` if it is a valid operator name.
+
+    Raises:
+        TypeError: ``name`` is not a str.
+        ValueError: ``name`` is empty, too long, starts with ``_`` or ``.``, or holds
+            characters other than letters, digits, ``_``, ``.`` and ``-``.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"operator name must be a str, got {type(name).__name__}")
+    if not _OPERATOR_RE.fullmatch(name):
+        raise ValueError(
+            "operator name must be 1-128 characters of letters, digits, '_', '.' or '-', "
+            f"starting with a letter or digit; got {name!r}"
+        )
+    return name
+
+
+def validate_partition(partition: object) -> int:
+    """Return ``partition`` if it is an int >= 0.
+
+    Raises:
+        TypeError: not an int (bools are refused too).
+        ValueError: negative.
+    """
+    if isinstance(partition, bool) or not isinstance(partition, int):
+        raise TypeError(f"partition must be an int, got {type(partition).__name__}")
+    if partition < 0:
+        raise ValueError(f"partition must be >= 0, got {partition}")
+    return partition
+
+
+def validate_version(version: object) -> int:
+    """Return ``version`` if it is an int >= 0.
+
+    Raises:
+        TypeError: not an int (bools are refused too).
+        ValueError: negative or too large for the key format.
+    """
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise TypeError(f"version must be an int >= 0, got {type(version).__name__}")
+    if version < 0 or version >= 10**_DIGITS:
+        raise ValueError(f"version must be an int in [0, 10**{_DIGITS}), got {version}")
+    return version
+
+
+def store_prefix(operator: str, partition: int) -> str:
+    """Prefix of every blob of one store (operator, partition)."""
+    return f"{validate_operator(operator)}/{validate_partition(partition)}/"
+
+
+def changelog_prefix(operator: str, partition: int) -> str:
+    """Prefix under which a store's changelog blobs are listed."""
+    return store_prefix(operator, partition) + "changelog/"
+
+
+def changelog_key(operator: str, partition: int, version: int) -> str:
+    """Key of the changelog that creates ``version``."""
+    return f"{changelog_prefix(operator, partition)}{validate_version(version):0{_DIGITS}d}" + (
+        _CHANGELOG_SUFFIX
+    )
+
+
+def parse_changelog_key(key: str) -> int | None:
+    """Version of a changelog key, or ``None`` if ``key`` is not a changelog blob."""
+    return _parse_versioned(key, "/changelog/", _CHANGELOG_SUFFIX)
+
+
+def snapshot_prefix(operator: str, partition: int) -> str:
+    """Prefix under which a store's snapshot index blobs are listed."""
+    return store_prefix(operator, partition) + "snapshot/"
+
+
+def snapshot_index_key(operator: str, partition: int, version: int) -> str:
+    """Key of the snapshot index blob of ``version``."""
+    return f"{snapshot_prefix(operator, partition)}{validate_version(version):0{_DIGITS}d}" + (
+        _INDEX_SUFFIX
+    )
+
+
+def parse_snapshot_key(key: str) -> int | None:
+    """Version of a snapshot index key, or ``None`` if ``key`` is not one."""
+    return _parse_versioned(key, "/snapshot/", _INDEX_SUFFIX)
+
+
+def files_prefix(operator: str, partition: int) -> str:
+    """Prefix of a store's immutable file blobs (snapshot file chunks)."""
+    return store_prefix(operator, partition) + "files/"
+
+
+def file_blob_key(operator: str, partition: int, blob_id: str) -> str:
+    """Key of one file blob.
+
+    Raises:
+        ValueError: ``blob_id`` is not a plain name (no ``/``, no leading dot).
+    """
+    if not _BLOB_ID_RE.fullmatch(blob_id):
+        raise ValueError(f"blob id must be a plain name, got {blob_id!r}")
+    return files_prefix(operator, partition) + blob_id
+
+
+def epochs_prefix() -> str:
+    """Prefix of the epoch manifests."""
+    return _EPOCHS
+
+
+def epoch_key(epoch: int) -> str:
+    """Key of the manifest of ``epoch``."""
+    return f"{_EPOCHS}{validate_version(epoch):0{_DIGITS}d}.json"
+
+
+def parse_epoch_key(key: str) -> int | None:
+    """Epoch of a manifest key, or ``None``."""
+    if not key.startswith(_EPOCHS):
+        return None
+    return _parse_digits(key[len(_EPOCHS) :], ".json")
+
+
+def _parse_versioned(key: str, infix: str, suffix: str) -> int | None:
+    head, sep, tail = key.rpartition(infix)
+    if not sep or head.count("/") != 1:
+        return None
+    return _parse_digits(tail, suffix)
+
+
+def _parse_digits(name: str, suffix: str) -> int | None:
+    if not name.endswith(suffix):
+        return None
+    digits = name[: -len(suffix)]
+    if len(digits) != _DIGITS or not digits.isdigit():
+        return None
+    return int(digits)
