@@ -1,0 +1,390 @@
+"""LocalBlobStore: blobs as files under a root folder, written atomically and durably.
+
+Every write goes to a hidden temp file in the target folder, is fsynced, and is then made
+visible in one step: ``os.link`` for create-only writes (it fails if the name exists, which
+is the atomic "create if absent" POSIX offers for a complete file) or ``os.replace`` for
+overwrites. The folder is fsynced afterwards so the new name survives a power cut.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import pathlib
+import stat
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+
+from statekeeper.errors import (
+    CommitConflictError,
+    StateKeeperError,
+    StateNotFoundError,
+    StorageError,
+)
+from statekeeper.storage._parallel import (
+    ParallelTransfers,
+    check_data,
+    check_key,
+    check_prefix,
+    check_range,
+)
+from statekeeper.storage._protocol import BlobMeta
+from statekeeper.storage._retry import RetryPolicy, call_with_retry, put_with_retry
+
+__all__ = ["LocalBlobStore"]
+
+_TMP_PREFIX = ".tmp-"
+# One lock file per folder, not per key: overwrites are rare and short (the slow part, writing
+# and fsyncing the temp file, happens before the lock is taken), and per-key lock files would
+# pile up, since a lock file cannot safely be deleted while another writer may hold it.
+_LOCK_NAME = ".statekeeper.lock"
+_MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
+
+
+class LocalBlobStore(ParallelTransfers):
+    """A :class:`~statekeeper.storage.BlobStore` over a local (or mounted) folder.
+
+    Guarantees: a reader sees a whole blob or none (never a prefix); a create-only ``put``
+    that returns has made the blob durable; two create-only writers of one key cannot both
+    succeed; ``if_match`` compares and replaces under an exclusive ``flock``. Names starting
+    with ``.`` (temp and lock files) are never listed.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        io_threads: int = 8,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        """Open (and create if missing) the folder ``root``.
+
+        Raises:
+            ValueError: ``io_threads`` < 1.
+            StorageError: ``root`` exists and is not a folder, or cannot be created.
+        """
+        super().__init__(io_threads)
+        self._root = os.path.abspath(os.fspath(root))
+        self._retry = retry if retry is not None else RetryPolicy()
+        _make_root(self._root)
+        self._real_root = os.path.realpath(self._root)
+
+    @property
+    def uri(self) -> str:
+        """The root as a ``file://`` URI."""
+        return pathlib.Path(self._root).as_uri()
+
+    @property
+    def root(self) -> str:
+        """The absolute path of the root folder."""
+        return self._root
+
+    def __repr__(self) -> str:
+        return f"LocalBlobStore({self._root!r})"
+
+    def put(
+        self, key: str, data: bytes, *, overwrite: bool = False, if_match: str | None = None
+    ) -> None:
+        """Write ``data`` at ``key`` atomically and durably.
+
+        Create-only by default; ``overwrite=True`` replaces; ``if_match`` (which takes
+        precedence over ``overwrite``) replaces only a blob whose etag is ``if_match``.
+
+        Raises:
+            ValueError: invalid key.
+            TypeError: ``data`` is not bytes-like.
+            CommitConflictError: create-only and the key exists, or ``if_match`` does not
+                match (or the blob is missing).
+            StorageError: the filesystem refused the write (permissions, disk full, ...).
+        """
+        path = self._path(key)
+        check_data(data)
+        put_with_retry(
+            self._retry,
+            lambda: self._write(key, path, data, overwrite=overwrite, if_match=if_match),
+            lambda: self._read(key, path),
+            data,
+            self._describe("put", key),
+        )
+
+    def get(self, key: str) -> bytes:
+        """Read a whole blob.
+
+        Raises:
+            ValueError: invalid key.
+            StateNotFoundError: no blob at ``key``.
+            StorageError: the read failed.
+        """
+        path = self._path(key)
+        return call_with_retry(
+            self._retry, lambda: self._read(key, path), self._describe("get", key)
+        )
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Read ``length`` bytes from ``start``; fewer (maybe none) if the blob ends first.
+
+        Raises:
+            ValueError: invalid key, or ``start`` or ``length`` negative.
+            StateNotFoundError: no blob at ``key``.
+            StorageError: the read failed.
+        """
+        path = self._path(key)
+        check_range(start, length)
+
+        def read_range() -> bytes:
+            with self._translated("get_range", key), open(path, "rb") as file:
+                # Clamp to the file: read(n) allocates n bytes up front, however short the file.
+                available = max(os.fstat(file.fileno()).st_size - start, 0)
+                file.seek(start)
+                return file.read(min(length, available))
+
+        return call_with_retry(self._retry, read_range, self._describe("get_range", key))
+
+    def head(self, key: str) -> BlobMeta:
+        """Size, modification time and etag of one blob.
+
+        Raises:
+            ValueError: invalid key.
+            StateNotFoundError: no blob at ``key``.
+            StorageError: the stat failed.
+        """
+        path = self._path(key)
+
+        def stat_blob() -> BlobMeta:
+            with self._translated("head", key):
+                st = os.stat(path)
+                if stat.S_ISDIR(st.st_mode):
+                    raise self._not_found(key)
+                return _meta(key, st)
+
+        return call_with_retry(self._retry, stat_blob, self._describe("head", key))
+
+    def list(self, prefix: str = "") -> list[BlobMeta]:
+        """Every blob whose key starts with ``prefix`` (a plain string prefix), sorted by key.
+
+        Raises:
+            ValueError: invalid prefix.
+            StorageError: a folder could not be read.
+        """
+        check_prefix(prefix)
+        folder = prefix.rpartition("/")[0]
+        base = self._path(folder) if folder else self._root
+
+        def scan() -> list[BlobMeta]:
+            found: list[BlobMeta] = []
+            with self._translated("list", prefix, missing_is_not_found=False):
+                _walk(base, folder, prefix, found)
+            found.sort(key=lambda meta: meta.key)
+            return found
+
+        return call_with_retry(self._retry, scan, self._describe("list", prefix))
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        """Delete blobs; missing keys are ignored. Every key is checked before any delete.
+
+        Raises:
+            ValueError: an invalid key (nothing was deleted).
+            StorageError: a delete failed.
+        """
+        targets = [(key, self._path(key)) for key in keys]
+
+        def delete_all() -> None:
+            for key, path in targets:
+                # Already gone, or a folder (never a blob): nothing to delete.
+                with (
+                    self._translated("delete", key, missing_is_not_found=False),
+                    contextlib.suppress(*_MISSING),
+                ):
+                    os.unlink(path)
+
+        call_with_retry(
+            self._retry, delete_all, self._describe("delete_many", f"{len(targets)} keys")
+        )
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _path(self, key: str) -> str:
+        check_key(key)
+        path = os.path.join(self._root, *key.split("/"))
+        # The key rules already exclude '..'; this catches symlinks pointing out of the root.
+        real = os.path.realpath(path)
+        if os.path.commonpath([real, self._real_root]) != self._real_root:
+            raise ValueError(f"blob key {key!r} resolves outside the root {self._root}")
+        return path
+
+    def _describe(self, op: str, key: str) -> str:
+        return f"{op} {key!r} in {self._root}"
+
+    def _not_found(self, key: str) -> StateNotFoundError:
+        return StateNotFoundError(f"no blob {key!r} in local root {self._root}")
+
+    @contextlib.contextmanager
+    def _translated(
+        self, op: str, key: str, *, missing_is_not_found: bool = True
+    ) -> Iterator[None]:
+        """Translate ``OSError`` into statekeeper errors: the one place this backend does so.
+
+        Raises:
+            StateNotFoundError: the path is missing (if ``missing_is_not_found``).
+            StorageError: any other ``OSError``.
+        """
+        try:
+            yield
+        except StateKeeperError:
+            raise  # Already translated; StateNotFoundError is an OSError too.
+        except _MISSING as exc:
+            if missing_is_not_found:
+                raise self._not_found(key) from exc
+            raise StorageError(f"{self._describe(op, key)} failed: {exc}") from exc
+        except OSError as exc:
+            raise StorageError(f"{self._describe(op, key)} failed: {exc}") from exc
+
+    def _read(self, key: str, path: str) -> bytes:
+        with self._translated("get", key), open(path, "rb") as file:
+            return file.read()
+
+    def _write(
+        self, key: str, path: str, data: bytes, *, overwrite: bool, if_match: str | None
+    ) -> None:
+        folder = os.path.dirname(path)
+        with self._translated("put", key, missing_is_not_found=False):
+            _ensure_folder(folder)
+            tmp = _write_temp(folder, data)
+            try:
+                if if_match is not None:
+                    with _folder_lock(folder):
+                        self._check_etag(key, path, if_match)
+                        os.replace(tmp, path)
+                elif overwrite:
+                    with _folder_lock(folder):
+                        os.replace(tmp, path)
+                else:
+                    self._link_new(key, tmp, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)  # Gone already after a replace.
+            _fsync_folder(folder)
+
+    def _link_new(self, key: str, tmp: str, path: str) -> None:
+        try:
+            os.link(tmp, path)
+        except FileExistsError as exc:
+            if os.path.isdir(path):
+                raise StorageError(
+                    f"cannot put {key!r} in {self._root}: a folder of that name holds other blobs"
+                ) from exc
+            raise CommitConflictError(
+                f"blob {key!r} already exists in {self._root}; create-only put refused"
+            ) from exc
+
+    def _check_etag(self, key: str, path: str, if_match: str) -> None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError as exc:
+            raise CommitConflictError(
+                f"put {key!r} in {self._root} expected etag {if_match!r}, found no blob"
+            ) from exc
+        current = _etag(st)
+        if current != if_match:
+            raise CommitConflictError(
+                f"put {key!r} in {self._root} expected etag {if_match!r}, found {current!r}"
+            )
+
+
+def _make_root(root: str) -> None:
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise StorageError(f"local checkpoint root {root} exists and is not a folder")
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(f"cannot create local checkpoint root {root}: {exc}") from exc
+
+
+def _walk(folder: str, rel: str, prefix: str, found: list[BlobMeta]) -> None:
+    try:
+        with os.scandir(folder) as entries:
+            listed = list(entries)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # The prefix names no folder (or it vanished while listing).
+    for entry in listed:
+        if entry.name.startswith("."):
+            continue  # Temp files, lock files: never blobs.
+        key = f"{rel}/{entry.name}" if rel else entry.name
+        try:
+            if entry.is_symlink():
+                continue  # Never written by us; following could leave the root.
+            if entry.is_dir():
+                below = key + "/"
+                if below.startswith(prefix) or prefix.startswith(below):
+                    _walk(entry.path, key, prefix, found)
+            elif entry.is_file() and key.startswith(prefix):
+                found.append(_meta(key, entry.stat()))
+        except FileNotFoundError:
+            continue  # Deleted while listing: it is simply not there.
+
+
+def _etag(st: os.stat_result) -> str:
+    # A new version is always a new file (temp + rename), so the inode changes; the
+    # nanosecond mtime set by _write_temp separates versions even if an inode is reused.
+    return f"{st.st_mtime_ns:x}-{st.st_size:x}-{st.st_ino:x}"
+
+
+def _meta(key: str, st: os.stat_result) -> BlobMeta:
+    return BlobMeta(key=key, size=st.st_size, last_modified=st.st_mtime, etag=_etag(st))
+
+
+def _ensure_folder(folder: str) -> None:
+    """Create ``folder`` and missing parents, fsyncing each parent so the names are durable."""
+    missing: list[str] = []
+    current = folder
+    while not os.path.isdir(current):
+        missing.append(current)
+        current = os.path.dirname(current)
+    for path in reversed(missing):
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            if not os.path.isdir(path):
+                raise  # A blob sits where a folder is needed.
+        _fsync_folder(os.path.dirname(path))
+
+
+def _write_temp(folder: str, data: bytes) -> str:
+    tmp = os.path.join(folder, f"{_TMP_PREFIX}{uuid.uuid4().hex}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+            file.flush()
+            # Coarse kernel timestamps could give two quick versions the same mtime; the
+            # clock's nanoseconds keep etags distinct.
+            now = time.time_ns()
+            os.utime(file.fileno(), ns=(now, now))
+            os.fsync(file.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: str) -> Iterator[None]:
+    # flock, not lockf: flock locks belong to the open file, so threads of one process
+    # exclude each other too (POSIX record locks are per process).
+    fd = os.open(os.path.join(folder, _LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # Closing the last descriptor releases the lock.
+
+
+def _fsync_folder(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,452 @@
+"""ObjectBlobStore: S3, GCS and Azure Blob Storage through obstore.
+
+obstore errors are translated in exactly one place (:meth:`ObjectBlobStore._translate`).
+obstore's own retries are switched off: :class:`~statekeeper.storage.RetryPolicy` retries, so
+attempts are not multiplied and every retry is logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import parse_qsl, urlsplit
+
+import obstore
+from obstore.exceptions import (
+    AlreadyExistsError,
+    BaseError,
+    NotFoundError,
+    PermissionDeniedError,
+    PreconditionError,
+    UnauthenticatedError,
+    UnknownConfigurationKeyError,
+)
+from obstore.store import from_url
+
+from statekeeper.errors import (
+    CommitConflictError,
+    StateKeeperError,
+    StateNotFoundError,
+    StorageError,
+    TransientStorageError,
+)
+from statekeeper.storage._parallel import (
+    ParallelTransfers,
+    check_data,
+    check_key,
+    check_prefix,
+    check_range,
+)
+from statekeeper.storage._protocol import BlobMeta
+from statekeeper.storage._retry import RetryPolicy, call_with_retry, put_with_retry
+
+if TYPE_CHECKING:
+    from obstore import ObjectMeta, PutMode
+    from obstore.store import ObjectStore, RetryConfig
+
+__all__ = ["OBJECT_SCHEMES", "ObjectBlobStore"]
+
+OBJECT_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
+"""URI schemes served by :class:`ObjectBlobStore`."""
+
+# obstore's ClientConfig keys (HTTP client options); every other storage option is a store
+# config key (endpoint, region, credentials, ...). default_headers is left out: it is a
+# mapping, which a flat string option cannot carry.
+_CLIENT_OPTIONS = frozenset(
+    {
+        "allow_http",
+        "allow_invalid_certificates",
+        "connect_timeout",
+        "default_content_type",
+        "http1_only",
+        "http2_keep_alive_interval",
+        "http2_keep_alive_timeout",
+        "http2_keep_alive_while_idle",
+        "http2_only",
+        "pool_idle_timeout",
+        "pool_max_idle_per_host",
+        "proxy_ca_certificate",
+        "proxy_excludes",
+        "proxy_url",
+        "randomize_addresses",
+        "read_timeout",
+        "root_certificate",
+        "timeout",
+        "user_agent",
+    }
+)
+_BOOL_CLIENT_OPTIONS = frozenset(
+    {"allow_http", "allow_invalid_certificates", "http1_only", "http2_only", "randomize_addresses"}
+)
+# Option names whose values are secrets, scrubbed from every message we produce or chain.
+_SECRET_MARKERS = (
+    "secret",
+    "token",
+    "password",
+    "access_key",
+    "account_key",
+    "sas_",
+    "service_account_key",
+    "customer_key",
+)
+_NO_RETRIES: RetryConfig = {"max_retries": 0}
+_DEBUG_MARKER = "\n\nDebug source:"
+_MAX_DETAIL = 300
+_LIST_CHUNK = 1000
+# Matched against the part of obstore's message before its debug dump (the dump always
+# mentions "retry_timeout", which must not count as a timeout).
+_TRANSIENT = re.compile(
+    r"status code: (5\d\d|429)\b|slowdown|throttl|requesttimeout|serviceunavailable"
+    r"|internalerror|timed out|timeout|error sending request"
+    r"|connection (reset|refused|closed|aborted)|broken pipe|body error|dns error",
+    re.IGNORECASE,
+)
+_UNKNOWN_KEY = re.compile(r"key: '([^']*)'")
+_CONDITIONAL_CONFLICT = "ConditionalRequestConflict"
+_XML_DECLARATION = re.compile(r"<\?xml[^>]*\?>")
+
+
+class ObjectBlobStore(ParallelTransfers):
+    """A :class:`~statekeeper.storage.BlobStore` over an object store bucket and prefix.
+
+    Create-only puts use the store's conditional write (S3 ``If-None-Match: *``), ``if_match``
+    uses ``If-Match``; every put is a single request, so a blob is never seen half written.
+    Neither ``repr``, ``uri`` nor any error message shows credentials.
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        storage_options: Mapping[str, str] | None = None,
+        *,
+        io_threads: int = 8,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        """Build the obstore client for ``uri`` (no request is made yet).
+
+        Args:
+            uri: ``s3://bucket/prefix`` (also ``s3a``), ``gs://bucket/prefix``,
+                ``az://container/prefix``, ``abfs[s]://container@account.dfs.../prefix``.
+            storage_options: flat string options: obstore client options (``allow_http``,
+                ``timeout``, ...; booleans as ``"true"``/``"false"``) and store config keys
+                (``endpoint``, ``region``, ``access_key_id``, ``aws_...``, ...).
+            io_threads: parallel transfers of ``put_many``/``get_many``.
+            retry: retry policy of every request; ``RetryPolicy()`` if ``None``.
+
+        Raises:
+            ValueError: unsupported scheme, no bucket, credentials inside the URI, an unknown
+                option (named) or an invalid option value.
+        """
+        super().__init__(io_threads)
+        options = dict(storage_options or {})
+        self._secrets = _secret_values(uri, options)
+        self._uri = _display_uri(uri)
+        self._retry = retry if retry is not None else RetryPolicy()
+        config, client = _split_options(options)
+        scheme = self._uri.partition("://")[0]
+        self._store = self._build(scheme + uri[len(scheme) :], config, client)
+
+    @property
+    def uri(self) -> str:
+        """``scheme://bucket/prefix``: no credentials, no query string."""
+        return self._uri
+
+    def __repr__(self) -> str:
+        return f"ObjectBlobStore({self._uri!r})"
+
+    def put(
+        self, key: str, data: bytes, *, overwrite: bool = False, if_match: str | None = None
+    ) -> None:
+        """Write ``data`` at ``key`` in one request.
+
+        Create-only by default; ``overwrite=True`` replaces; ``if_match`` (which takes
+        precedence over ``overwrite``) replaces only a blob whose etag is ``if_match``.
+
+        Raises:
+            ValueError: invalid key.
+            TypeError: ``data`` is not bytes-like.
+            CommitConflictError: create-only and the key exists, or ``if_match`` does not
+                match (or the blob is missing).
+            TransientStorageError: retries exhausted on throttling, 5xx or network errors.
+            StorageError: access denied, missing bucket, other failures.
+        """
+        check_key(key)
+        check_data(data)
+        mode: PutMode
+        if if_match is not None:
+            mode = {"e_tag": if_match}
+        else:
+            mode = "overwrite" if overwrite else "create"
+
+        def write() -> None:
+            with self._translated("put", key):
+                obstore.put(self._store, key, data, mode=mode, use_multipart=False)
+
+        put_with_retry(
+            self._retry, write, lambda: self._get_once(key), data, self._describe("put", key)
+        )
+
+    def get(self, key: str) -> bytes:
+        """Read a whole blob.
+
+        Raises:
+            ValueError: invalid key.
+            StateNotFoundError: no blob at ``key``.
+            TransientStorageError: retries exhausted.
+            StorageError: the read failed.
+        """
+        check_key(key)
+        return call_with_retry(self._retry, lambda: self._get_once(key), self._describe("get", key))
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Read ``length`` bytes from ``start``; fewer (maybe none) if the blob ends first.
+
+        Raises:
+            ValueError: invalid key, or ``start`` or ``length`` negative.
+            StateNotFoundError: no blob at ``key``.
+            TransientStorageError: retries exhausted.
+            StorageError: the read failed.
+        """
+        check_key(key)
+        check_range(start, length)
+
+        def read_range() -> bytes:
+            if length == 0:
+                self._head_once(key)  # An empty HTTP range cannot be asked for.
+                return b""
+            try:
+                with self._translated("get_range", key):
+                    return bytes(obstore.get_range(self._store, key, start=start, length=length))
+            except (StateNotFoundError, TransientStorageError):
+                raise
+            except StorageError:
+                # Servers refuse a range starting at or after the end (S3: 416); the
+                # contract returns what is there, which is nothing.
+                if start >= self._head_once(key).size:
+                    return b""
+                raise
+
+        return call_with_retry(self._retry, read_range, self._describe("get_range", key))
+
+    def head(self, key: str) -> BlobMeta:
+        """Size, modification time and etag of one blob.
+
+        Raises:
+            ValueError: invalid key.
+            StateNotFoundError: no blob at ``key``.
+            TransientStorageError: retries exhausted.
+            StorageError: the request failed.
+        """
+        check_key(key)
+        return call_with_retry(
+            self._retry, lambda: self._head_once(key), self._describe("head", key)
+        )
+
+    def list(self, prefix: str = "") -> list[BlobMeta]:
+        """Every blob whose key starts with ``prefix`` (a plain string prefix), sorted by key.
+
+        Raises:
+            ValueError: invalid prefix.
+            TransientStorageError: retries exhausted.
+            StorageError: the listing failed (e.g. no such bucket).
+        """
+        check_prefix(prefix)
+        # obstore lists whole path segments; list the folder and filter for the rest.
+        folder = prefix.rpartition("/")[0]
+
+        def scan() -> list[BlobMeta]:
+            found: list[BlobMeta] = []
+            with self._translated("list", prefix):
+                for chunk in obstore.list(self._store, folder or None, chunk_size=_LIST_CHUNK):
+                    found.extend(
+                        _meta(meta["path"], meta)
+                        for meta in chunk
+                        if meta["path"].startswith(prefix)
+                    )
+            found.sort(key=lambda meta: meta.key)
+            return found
+
+        return call_with_retry(self._retry, scan, self._describe("list", prefix))
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        """Delete blobs; missing keys are ignored. Every key is checked before any delete.
+
+        Raises:
+            ValueError: an invalid key (nothing was deleted).
+            TransientStorageError: retries exhausted.
+            StorageError: a delete failed.
+        """
+        targets = [check_key(key) for key in keys]
+        if not targets:
+            return
+
+        def delete_all() -> None:
+            with self._translated("delete_many", f"{len(targets)} keys"):
+                try:
+                    obstore.delete(self._store, targets)
+                except FileNotFoundError:
+                    # Stores other than S3 may refuse a bulk delete naming a missing key.
+                    for key in targets:
+                        with contextlib.suppress(FileNotFoundError):
+                            obstore.delete(self._store, key)
+
+        call_with_retry(
+            self._retry, delete_all, self._describe("delete_many", f"{len(targets)} keys")
+        )
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _build(self, uri: str, config: dict[str, Any], client: dict[str, Any]) -> ObjectStore:
+        try:
+            return from_url(
+                uri,
+                config=cast(Any, config),
+                client_options=cast(Any, client),
+                retry_config=_NO_RETRIES,
+            )
+        except UnknownConfigurationKeyError as exc:
+            found = _UNKNOWN_KEY.search(str(exc))
+            name = found.group(1) if found else "?"
+            raise ValueError(
+                f"unknown storage option {name!r} for {self._uri}: neither an obstore client "
+                "option (allow_http, timeout, ...) nor a config key of this store"
+            ) from self._scrubbed(exc)
+        except (BaseError, ValueError) as exc:
+            raise ValueError(
+                f"invalid storage options for {self._uri}: {self._detail(str(exc))}"
+            ) from self._scrubbed(exc)
+
+    def _get_once(self, key: str) -> bytes:
+        with self._translated("get", key):
+            return bytes(obstore.get(self._store, key).bytes())
+
+    def _head_once(self, key: str) -> BlobMeta:
+        with self._translated("head", key):
+            return _meta(key, obstore.head(self._store, key))
+
+    def _describe(self, op: str, key: str) -> str:
+        return f"{op} {key!r} at {self._uri}"
+
+    @contextlib.contextmanager
+    def _translated(self, op: str, key: str) -> Iterator[None]:
+        try:
+            yield
+        except StateKeeperError:
+            raise  # Already ours; StateNotFoundError is also an OSError.
+        except (BaseError, OSError) as exc:
+            raise self._translate(exc, op, key) from self._scrubbed(exc)
+
+    def _translate(self, exc: Exception, op: str, key: str) -> StateKeeperError:
+        """Map one obstore (or OS) error to ours: the one place this backend does so."""
+        message = str(exc)
+        where = self._describe(op, key)
+        detail = self._detail(message)
+        head = message.split(_DEBUG_MARKER, 1)[0]
+        # obstore reports every 409 as AlreadyExists, but S3's 409 ConditionalRequestConflict
+        # means "another conditional write to this key is in flight": retry, then decide.
+        if _CONDITIONAL_CONFLICT in head:
+            return TransientStorageError(f"{where}: {detail}")
+        if isinstance(exc, AlreadyExistsError | PreconditionError):
+            return CommitConflictError(f"{where}: the blob exists or its etag changed ({detail})")
+        if isinstance(exc, FileNotFoundError | NotFoundError):
+            if op in ("get", "get_range", "head"):
+                return StateNotFoundError(f"no blob {key!r} at {self._uri}")
+            return StorageError(f"{where}: bucket or container not found ({detail})")
+        if isinstance(exc, PermissionDeniedError | UnauthenticatedError | PermissionError):
+            return StorageError(f"{where}: access denied ({detail})")
+        if isinstance(exc, TimeoutError | ConnectionError) or _TRANSIENT.search(head):
+            return TransientStorageError(f"{where}: {detail}")
+        return StorageError(f"{where}: {detail}")
+
+    def _detail(self, message: str) -> str:
+        """The first line of an obstore message, scrubbed and capped: its debug dump is long."""
+        line = message.split(_DEBUG_MARKER, 1)[0].strip().split("\n", 1)[0]
+        # An S3 error body starts with an XML declaration that says nothing.
+        line = self._scrub(_XML_DECLARATION.sub("", line).strip().rstrip(":").strip())
+        return line if len(line) <= _MAX_DETAIL else line[: _MAX_DETAIL - 3] + "..."
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _scrubbed(self, exc: BaseException) -> BaseException:
+        # The original stays chained for debugging, so it must not carry secrets either.
+        exc.args = tuple(self._scrub(arg) if isinstance(arg, str) else arg for arg in exc.args)
+        return exc
+
+
+def _display_uri(uri: str) -> str:
+    if not isinstance(uri, str):
+        raise ValueError(f"object store URI must be a str, got {type(uri).__name__}")
+    parts = urlsplit(uri)
+    scheme = parts.scheme.lower()
+    if scheme not in OBJECT_SCHEMES:
+        raise ValueError(
+            f"object store URI scheme must be one of {', '.join(OBJECT_SCHEMES)}; got {scheme!r}"
+        )
+    userinfo, _, host = parts.netloc.rpartition("@")
+    if ":" in userinfo:
+        raise ValueError(
+            f"credentials inside the URI are not supported ({scheme}://{host}...); "
+            "pass them in storage_options"
+        )
+    if not host:
+        raise ValueError(f"object store URI must name a bucket: {scheme}://<bucket>[/<prefix>]")
+    return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+
+
+def _split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    config: dict[str, Any] = {}
+    client: dict[str, Any] = {}
+    for key, value in options.items():
+        if not isinstance(key, str):
+            raise ValueError(f"storage option names must be str, got {type(key).__name__}")
+        name = key.lower()
+        if name in _BOOL_CLIENT_OPTIONS:
+            client[name] = _parse_bool(key, value)
+        elif name in _CLIENT_OPTIONS:
+            client[name] = value
+        else:
+            config[key] = value
+    return config, client
+
+
+def _parse_bool(key: str, value: object) -> bool:
+    # Spark hands every option over as a string.
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"storage option {key!r} must be 'true' or 'false'")
+
+
+def _secret_values(uri: object, options: Mapping[str, Any]) -> tuple[str, ...]:
+    secrets = {
+        value
+        for key, value in options.items()
+        if isinstance(key, str)
+        and isinstance(value, str)
+        and len(value) >= 4
+        and any(marker in key.lower() for marker in _SECRET_MARKERS)
+    }
+    if isinstance(uri, str):
+        parts = urlsplit(uri)
+        if parts.password:
+            secrets.add(parts.password)
+        if parts.query:
+            secrets.add(parts.query)  # e.g. an Azure SAS token
+            secrets.update(value for _, value in parse_qsl(parts.query) if len(value) >= 4)
+    # Longest first, so a secret containing another is replaced whole.
+    return tuple(sorted(secrets, key=len, reverse=True))
+
+
+def _meta(key: str, meta: ObjectMeta) -> BlobMeta:
+    return BlobMeta(
+        key=key,
+        size=meta["size"],
+        last_modified=meta["last_modified"].timestamp(),
+        etag=meta["e_tag"],
+    )

@@ -1,0 +1,207 @@
+"""What every backend shares: key checks and parallel ``put_many``/``get_many``.
+
+``put_many`` and ``get_many`` go through ``self.put`` and ``self.get`` one blob at a time, so a
+wrapper store (fault injection, metrics) that subclasses :class:`ParallelTransfers` and
+overrides ``put``/``get`` sees every blob of a bulk transfer too.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from types import TracebackType
+from typing import Self, TypeVar
+
+__all__ = ["ParallelTransfers", "check_data", "check_key", "check_prefix", "check_range"]
+
+_A = TypeVar("_A")
+_R = TypeVar("_R")
+
+
+def check_key(key: object) -> str:
+    """Return ``key`` if it is a valid blob key.
+
+    A key is a relative ``/``-separated path: no empty segment, no segment starting with
+    ``.`` (that also refuses ``.`` and ``..``, and keeps the names backends use for temporary
+    and lock files out of the key space), no backslash, no NUL.
+
+    Raises:
+        TypeError: ``key`` is not a str.
+        ValueError: ``key`` breaks one of the rules above; the message says which.
+    """
+    if not isinstance(key, str):
+        raise TypeError(f"blob key must be a str, got {type(key).__name__}")
+    if not key:
+        raise ValueError("blob key must not be empty")
+    _check_path(key, key, "blob key")
+    return key
+
+
+def check_prefix(prefix: object) -> str:
+    """Return ``prefix`` if it is a valid listing prefix.
+
+    A prefix is any string start of a valid key: ``""``, ``"a/"``, ``"a/b"`` (which also
+    matches ``"a/bc"``). Only its folder part (up to the last ``/``) must follow the key rules.
+
+    Raises:
+        TypeError: ``prefix`` is not a str.
+        ValueError: the folder part breaks a key rule, or ``prefix`` holds ``\\`` or NUL.
+    """
+    if not isinstance(prefix, str):
+        raise TypeError(f"list prefix must be a str, got {type(prefix).__name__}")
+    folder, _, last = prefix.rpartition("/")
+    if "\\" in last or "\x00" in last:
+        raise ValueError(f"list prefix must not contain '\\' or NUL, got {prefix!r}")
+    if prefix.startswith("/"):
+        raise ValueError(f"list prefix must be relative (no leading '/'), got {prefix!r}")
+    if folder:
+        _check_path(folder, prefix, "list prefix")
+    return prefix
+
+
+def check_data(data: object) -> None:
+    """Refuse blob data that is not bytes-like.
+
+    Raises:
+        TypeError: ``data`` is not ``bytes``, ``bytearray`` or ``memoryview``.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise TypeError(f"blob data must be bytes, got {type(data).__name__}")
+
+
+def check_range(start: object, length: object) -> None:
+    """Refuse a byte range that is not two ints >= 0.
+
+    Raises:
+        TypeError: ``start`` or ``length`` is not an int.
+        ValueError: ``start`` or ``length`` is negative.
+    """
+    for name, value in (("start", start), ("length", length)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"get_range {name} must be an int, got {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"get_range {name} must be >= 0, got {value}")
+
+
+def _check_path(path: str, shown: str, what: str) -> None:
+    if path.startswith("/"):
+        raise ValueError(f"{what} must be relative (no leading '/'), got {shown!r}")
+    if "\\" in path or "\x00" in path:
+        raise ValueError(f"{what} must not contain '\\' or NUL, got {shown!r}")
+    for segment in path.split("/"):
+        if not segment:
+            raise ValueError(
+                f"{what} must not have empty segments ('//' or a trailing '/'): {shown!r}"
+            )
+        if segment in (".", ".."):
+            raise ValueError(f"{what} must not contain '.' or '..' segments, got {shown!r}")
+        if segment.startswith("."):
+            raise ValueError(
+                f"{what} segments must not start with '.' (reserved for temporary files), "
+                f"got {shown!r}"
+            )
+
+
+class ParallelTransfers(abc.ABC):
+    """Base of the backends: bulk transfers on a lazily created pool of I/O threads.
+
+    Subclasses implement ``put`` and ``get``; this class provides ``put_many``,
+    ``get_many``, ``close`` and the context-manager protocol.
+    """
+
+    def __init__(self, io_threads: int = 8) -> None:
+        """Set the pool size; no thread is started before the first bulk transfer.
+
+        Raises:
+            ValueError: ``io_threads`` is not an int >= 1.
+        """
+        if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
+            raise ValueError(f"io_threads must be an int >= 1, got {io_threads!r}")
+        self._io_threads = io_threads
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    @abc.abstractmethod
+    def put(
+        self, key: str, data: bytes, *, overwrite: bool = False, if_match: str | None = None
+    ) -> None:
+        """Write one blob (see :class:`~statekeeper.storage.BlobStore`)."""
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes:
+        """Read one blob (see :class:`~statekeeper.storage.BlobStore`)."""
+
+    @property
+    def io_threads(self) -> int:
+        """Parallel transfers per bulk call."""
+        return self._io_threads
+
+    def put_many(self, items: Sequence[tuple[str, bytes]], *, overwrite: bool = False) -> None:
+        """``put`` every item in parallel; every item is attempted.
+
+        Raises:
+            CommitConflictError: an item's key exists (create-only); the first failing
+                item in ``items`` order is raised, after all transfers ended.
+            StorageError: as ``put``, with the same ordering rule.
+        """
+
+        def put_one(item: tuple[str, bytes]) -> None:
+            self.put(item[0], item[1], overwrite=overwrite)
+
+        self._run_all(put_one, items)
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes]:
+        """``get`` every key in parallel; results are in ``keys`` order.
+
+        Raises:
+            StateNotFoundError: a key has no blob; the first failing key in ``keys`` order
+                is raised, after all transfers ended.
+            StorageError: as ``get``, with the same ordering rule.
+        """
+        return self._run_all(self.get, keys)
+
+    def close(self) -> None:
+        """Shut the I/O threads down, waiting for running transfers. Idempotent.
+
+        A later bulk transfer starts a new pool, so a closed store stays usable.
+        """
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=self._io_threads, thread_name_prefix="statekeeper-io"
+                )
+            return self._pool
+
+    def _run_all(self, fn: Callable[[_A], _R], args: Sequence[_A]) -> list[_R]:
+        if len(args) == 1:
+            # One transfer gains nothing from a thread hop.
+            return [fn(args[0])]
+        pool = self._executor()
+        futures: list[Future[_R]] = [pool.submit(fn, arg) for arg in args]
+        # Wait for all before raising: a caller that retries or cleans up after an error
+        # must not race transfers still running in the background.
+        wait(futures)
+        for future in futures:
+            error = future.exception()
+            if error is not None:
+                raise error
+        return [future.result() for future in futures]

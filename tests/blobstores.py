@@ -1,0 +1,73 @@
+"""Wrappers around a real BlobStore for tests: they observe or disturb, never replace it."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterable
+
+from statekeeper.storage import BlobMeta, BlobStore
+from statekeeper.storage._parallel import ParallelTransfers
+
+
+class RecordingBlobStore(ParallelTransfers):
+    """Delegates every call to ``inner`` and records (operation, key) pairs.
+
+    Bulk transfers go through ``put``/``get`` one blob at a time (``ParallelTransfers``),
+    so every blob is recorded.
+    """
+
+    def __init__(self, inner: BlobStore, io_threads: int = 4) -> None:
+        super().__init__(io_threads)
+        self.inner = inner
+        self.calls: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+
+    def _record(self, op: str, key: str) -> None:
+        with self._lock:
+            self.calls.append((op, key))
+
+    def counts(self) -> Counter[str]:
+        """How many calls of each operation were made."""
+        with self._lock:
+            return Counter(op for op, _ in self.calls)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.calls.clear()
+
+    @property
+    def uri(self) -> str:
+        return self.inner.uri
+
+    def put(
+        self, key: str, data: bytes, *, overwrite: bool = False, if_match: str | None = None
+    ) -> None:
+        self._record("put", key)
+        self.inner.put(key, data, overwrite=overwrite, if_match=if_match)
+
+    def get(self, key: str) -> bytes:
+        self._record("get", key)
+        return self.inner.get(key)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        self._record("get_range", key)
+        return self.inner.get_range(key, start, length)
+
+    def head(self, key: str) -> BlobMeta:
+        self._record("head", key)
+        return self.inner.head(key)
+
+    def list(self, prefix: str = "") -> list[BlobMeta]:
+        self._record("list", prefix)
+        return self.inner.list(prefix)
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        for key in keys:
+            self._record("delete", key)
+        self.inner.delete_many(keys)
+
+    def close(self) -> None:
+        super().close()
+        self.inner.close()

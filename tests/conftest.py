@@ -1,0 +1,82 @@
+"""Shared fixtures: blob store roots on the local filesystem and on a loopback S3 server."""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+# Fake credentials of the moto server; moto accepts any.
+S3_ACCESS_KEY = "testing"
+S3_SECRET_KEY = "testing"
+S3_REGION = "us-east-1"
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """A running moto S3 server on loopback."""
+
+    endpoint: str
+
+    def create_bucket(self, name: str) -> None:
+        """Create bucket ``name`` (explicit endpoint and credentials: nothing from the env)."""
+        import boto3
+
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=S3_ACCESS_KEY,
+            aws_secret_access_key=S3_SECRET_KEY,
+            region_name=S3_REGION,
+        )
+        client.create_bucket(Bucket=name)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A moto S3 server on 127.0.0.1 and a free port, for the whole test session."""
+    # Imported here so that runs without S3 tests do not pay for importing moto.
+    from moto.server import ThreadedMotoServer
+
+    # werkzeug logs one line per request to stderr; keep test output readable.
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield S3Server(endpoint=f"http://{host}:{port}")
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_root(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict[str, str]]:
+    """A fresh bucket: ``("s3://<bucket>/root", storage_options)`` for ``open_blob_store``.
+
+    Every ``AWS_*`` environment variable is removed for the test, since obstore reads them
+    (a developer's session token or endpoint must not leak into the tests).
+    """
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    bucket = f"sk-test-{uuid.uuid4().hex[:16]}"
+    s3_server.create_bucket(bucket)
+    options = {
+        "endpoint": s3_server.endpoint,
+        "access_key_id": S3_ACCESS_KEY,
+        "secret_access_key": S3_SECRET_KEY,
+        "region": S3_REGION,
+        "allow_http": "true",
+    }
+    return f"s3://{bucket}/root", options
+
+
+@pytest.fixture
+def local_root(tmp_path: Path) -> tuple[str, dict[str, str]]:
+    """A not yet existing folder under ``tmp_path``: ``(path, {})`` for ``open_blob_store``."""
+    return str(tmp_path / "root"), {}

@@ -1,0 +1,253 @@
+"""open_blob_store: URI dispatch, option checks, and credentials kept out of sight."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import traceback
+from pathlib import Path
+
+import pytest
+
+import statekeeper.storage
+from statekeeper.errors import StorageError, TransientStorageError
+from statekeeper.storage import (
+    LocalBlobStore,
+    ObjectBlobStore,
+    RetryPolicy,
+    open_blob_store,
+)
+
+SECRET = "SUPERSECRET123"
+NO_RETRY = RetryPolicy(max_attempts=1)
+
+
+@pytest.fixture(autouse=True)
+def _no_aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # obstore reads AWS_* variables; the developer's must not change what these tests see.
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+
+
+def closed_port() -> int:
+    """A loopback port nobody listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def full_text(error: BaseException) -> str:
+    """Everything a traceback of ``error`` shows, chained causes included."""
+    return "".join(traceback.format_exception(error))
+
+
+# -- local roots ---------------------------------------------------------------------------------
+
+
+def test_absolute_path_opens_a_local_store(tmp_path: Path) -> None:
+    store = open_blob_store(str(tmp_path / "state"))
+    assert isinstance(store, LocalBlobStore)
+    assert store.root == str(tmp_path / "state")
+    assert (tmp_path / "state").is_dir()
+
+
+def test_relative_path_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = open_blob_store("rel/state")
+    assert isinstance(store, LocalBlobStore)
+    assert store.root == str(tmp_path / "rel" / "state")
+
+
+@pytest.mark.parametrize("form", ["as_uri", "localhost"])
+def test_file_uri_opens_a_local_store(tmp_path: Path, form: str) -> None:
+    root = tmp_path / "with space"
+    uri = root.as_uri() if form == "as_uri" else f"file://localhost{root}"
+    store = open_blob_store(uri)
+    assert isinstance(store, LocalBlobStore)
+    assert store.root == str(root)
+    store.put("k", b"v")
+    reopened = open_blob_store(store.uri)  # the uri property round-trips
+    assert reopened.get("k") == b"v"
+
+
+@pytest.mark.parametrize("uri", ["file://otherhost/x", "file://", "file:///x?q=1"])
+def test_bad_file_uris_are_refused(uri: str) -> None:
+    with pytest.raises(ValueError, match="file://"):
+        open_blob_store(uri)
+
+
+def test_local_root_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_bytes(b"")
+    with pytest.raises(StorageError, match="not a folder"):
+        open_blob_store(str(tmp_path / "afile"))
+
+
+def test_storage_options_are_refused_for_a_local_root(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"storage_options.*local.*'endpoint'"):
+        open_blob_store(str(tmp_path), {"endpoint": "http://x"})
+    assert isinstance(open_blob_store(str(tmp_path), {}), LocalBlobStore)
+
+
+# -- object store roots --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("uri", "options", "shown"),
+    [
+        ("s3://bucket/prefix", None, "s3://bucket/prefix"),
+        ("S3://bucket/prefix/", None, "s3://bucket/prefix"),
+        ("s3a://bucket/a/b", None, "s3a://bucket/a/b"),
+        ("s3://bucket", None, "s3://bucket"),
+        ("gs://bucket/prefix", None, "gs://bucket/prefix"),
+        ("az://container/prefix", {"account_name": "acct"}, "az://container/prefix"),
+        (
+            "abfss://cont@acct.dfs.core.windows.net/p",
+            None,
+            "abfss://cont@acct.dfs.core.windows.net/p",
+        ),
+        (
+            "abfs://cont@acct.dfs.core.windows.net/p",
+            None,
+            "abfs://cont@acct.dfs.core.windows.net/p",
+        ),
+    ],
+)
+def test_object_uris_open_an_object_store(
+    uri: str, options: dict[str, str] | None, shown: str
+) -> None:
+    store = open_blob_store(uri, options)
+    assert isinstance(store, ObjectBlobStore)
+    assert store.uri == shown
+    assert repr(store) == f"ObjectBlobStore({shown!r})"
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["", "   ", "http://host/x", "https://host/x", "ftp://host/x", "memory:///", "hdfs://nn/x"],
+)
+def test_unsupported_uris_name_the_supported_schemes(uri: str) -> None:
+    with pytest.raises(ValueError, match=r"s3://.*gs://") as info:
+        open_blob_store(uri)
+    assert "file://" in str(info.value)
+
+
+@pytest.mark.parametrize("uri", [None, 42, b"/tmp/x", Path("/tmp/x")])
+def test_non_str_uris_are_refused(uri: object) -> None:
+    with pytest.raises(ValueError, match="non-empty str"):
+        open_blob_store(uri)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("uri", ["s3://", "gs:///prefix"])
+def test_object_uri_without_bucket_is_refused(uri: str) -> None:
+    with pytest.raises(ValueError, match="must name a bucket"):
+        open_blob_store(uri)
+
+
+def test_unknown_storage_option_is_named() -> None:
+    with pytest.raises(ValueError, match="'not_an_option'"):
+        open_blob_store("s3://bucket/p", {"region": "us-east-1", "not_an_option": "1"})
+
+
+def test_invalid_option_value_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="invalid storage options"):
+        open_blob_store("s3://bucket/p", {"timeout": "five seconds"})
+
+
+@pytest.mark.parametrize("value", ["true", "FALSE", " True "])
+def test_boolean_client_options_accept_strings(value: str) -> None:
+    assert isinstance(open_blob_store("s3://bucket/p", {"allow_http": value}), ObjectBlobStore)
+
+
+def test_boolean_client_options_refuse_other_strings() -> None:
+    with pytest.raises(ValueError, match="'allow_http' must be 'true' or 'false'"):
+        open_blob_store("s3://bucket/p", {"allow_http": "maybe"})
+
+
+# -- credentials stay hidden ---------------------------------------------------------------------
+
+
+def test_credentials_never_in_repr_str_or_uri() -> None:
+    options = {"access_key_id": "AKIDEXAMPLE", "secret_access_key": SECRET, "session_token": SECRET}
+    store = open_blob_store("s3://bucket/prefix?versionId=" + SECRET, options)
+    for text in (repr(store), str(store), store.uri):
+        assert SECRET not in text
+        assert "AKIDEXAMPLE" not in text
+
+
+def test_credentials_inside_the_uri_are_refused_without_echo() -> None:
+    with pytest.raises(ValueError, match="storage_options") as info:
+        open_blob_store(f"s3://AKIDEXAMPLE:{SECRET}@bucket/prefix")
+    assert SECRET not in full_text(info.value)
+
+
+def test_unknown_option_error_does_not_echo_values() -> None:
+    with pytest.raises(ValueError, match="'secret_acess_key'") as info:
+        open_blob_store("s3://bucket/p", {"secret_acess_key": SECRET})  # a typo'd name
+    assert SECRET not in full_text(info.value)
+
+
+def test_secrets_echoed_by_obstore_are_scrubbed() -> None:
+    # obstore echoes an unparsable value; here it equals the session token, so it must go.
+    options = {"session_token": SECRET, "request_payer": SECRET}
+    with pytest.raises(ValueError, match="invalid storage options") as info:
+        open_blob_store("s3://bucket/p", options)
+    assert "***" in str(info.value)
+    assert info.value.__cause__ is not None  # the original stays attached, scrubbed too
+    assert SECRET not in full_text(info.value)
+
+
+def test_failed_requests_do_not_leak_credentials(caplog: pytest.LogCaptureFixture) -> None:
+    options = {
+        "endpoint": f"http://127.0.0.1:{closed_port()}",
+        "access_key_id": "AKIDEXAMPLE",
+        "secret_access_key": SECRET,
+        "region": "us-east-1",
+        "allow_http": "true",
+    }
+    store = open_blob_store(
+        "s3://bucket/root", options, retry=RetryPolicy(max_attempts=2, base_delay_s=0.001)
+    )
+    with caplog.at_level(logging.DEBUG), pytest.raises(TransientStorageError) as info:
+        store.put("a/b", b"data")
+    message = str(info.value)
+    assert message.startswith("put 'a/b' at s3://bucket/root")
+    assert "\n" not in message
+    assert len(message) < 500
+    assert SECRET not in full_text(info.value)
+    assert SECRET not in caplog.text
+    assert "'a/b'" in caplog.text  # the retry was logged, without the secret
+
+
+@pytest.mark.s3
+def test_missing_bucket_is_a_storage_error(
+    s3_root: tuple[str, dict[str, str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    _, options = s3_root
+    store = open_blob_store(
+        "s3://no-such-bucket-here/root", {**options, "secret_access_key": SECRET}, retry=NO_RETRY
+    )
+    with caplog.at_level(logging.DEBUG), pytest.raises(StorageError, match="bucket") as info:
+        store.put("a/b", b"x")
+    assert "'a/b'" in str(info.value)
+    assert "s3://no-such-bucket-here/root" in str(info.value)
+    assert SECRET not in full_text(info.value) + caplog.text
+    with pytest.raises(StorageError, match="bucket"):
+        store.list()
+
+
+def test_package_exports_are_sorted_and_complete() -> None:
+    exported = statekeeper.storage.__all__
+    assert exported == sorted(exported)
+    assert set(exported) == {
+        "BlobMeta",
+        "BlobStore",
+        "LocalBlobStore",
+        "ObjectBlobStore",
+        "RetryPolicy",
+        "open_blob_store",
+    }
+    for name in exported:
+        assert getattr(statekeeper.storage, name) is not None
