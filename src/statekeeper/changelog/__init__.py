@@ -1,0 +1,77 @@
+"""Changelog blobs: the puts and deletes of one commit, framed, compressed and checksummed.
+
+A changelog blob is written once per commit (``<operator>/<partition>/changelog/
+<version:020d>.changelog``) and replayed on restore. Its byte layout is part of the
+on-storage contract; a change to it needs a new :data:`FORMAT_VERSION`.
+
+Envelope
+--------
+All integers are big-endian. The header is :data:`HEADER_SIZE` (52) bytes:
+
+======  ====  ========  ===========================================================
+offset  size  type      field
+======  ====  ========  ===========================================================
+0       4     bytes     magic ``b"SKCL"``
+4       2     uint16    format version, ``1`` (:data:`FORMAT_VERSION`)
+6       1     uint8     compression codec id: ``0`` none, ``1`` zstd
+7       1     uint8     reserved flags, ``0`` (readers reject anything else)
+8       8     uint64    base version: the store version the changes apply to
+16      8     uint64    version: the store version they create (> base version)
+24      8     uint64    record count
+32      8     uint64    uncompressed body length, end marker included
+                        (4 .. :data:`MAX_BODY_LENGTH`)
+40      8     uint64    stored body length (equals the previous field for codec 0)
+48      4     uint32    CRC32C (Castagnoli) of bytes 0..47 followed by the stored body
+52      n     bytes     stored body, n = stored body length; nothing follows it
+======  ====  ========  ===========================================================
+
+With codec 1 the stored body is exactly one zstd frame (no trailing bytes); if the frame
+header records a content size it must equal the uncompressed body length.
+
+Body (records, the Spark changelog design)
+------------------------------------------
+Every length is a signed big-endian int32::
+
+    put    = | key length (>= 1) | key | value length (>= 0) | value |
+    delete = | key length (>= 1) | key | -1 |
+    body   = | record | record | ... | -1 |
+
+Keys are non-empty; values may be empty (``b""`` is a put, distinct from a delete). The
+body holds exactly "record count" records, then the end marker ``-1`` where the next key
+length would be, then nothing. Records are replayed in order; a key may repeat.
+
+Reading
+-------
+:func:`decode_changelog` checks, in this order: length >= header, magic, format version
+(a newer one is reported as written by a newer statekeeper), total length = header +
+stored body length, CRC32C, then the remaining header fields, decompression to exactly
+the declared length, and the record framing. Any failure is a
+:class:`~statekeeper.errors.CorruptStateError` naming the blob. :func:`read_header` reads
+only the header (no CRC check) for listing tools.
+"""
+
+from __future__ import annotations
+
+from statekeeper.changelog._codec import Changelog, decode_changelog, encode_changelog
+from statekeeper.changelog._header import (
+    FORMAT_VERSION,
+    HEADER_SIZE,
+    MAGIC,
+    MAX_BODY_LENGTH,
+    ChangelogHeader,
+    read_header,
+)
+from statekeeper.changelog._records import MAX_ITEM_LENGTH
+
+__all__ = [
+    "FORMAT_VERSION",
+    "HEADER_SIZE",
+    "MAGIC",
+    "MAX_BODY_LENGTH",
+    "MAX_ITEM_LENGTH",
+    "Changelog",
+    "ChangelogHeader",
+    "decode_changelog",
+    "encode_changelog",
+    "read_header",
+]
