@@ -1,0 +1,8 @@
+"""Versioned state stores: the RocksDB working copy, commits and restore."""
+
+from __future__ import annotations
+
+from statekeeper.store._backend import StateBackend
+from statekeeper.store._state_store import CommitInfo, RestoreInfo, StateStore
+
+__all__ = ["CommitInfo", "RestoreInfo", "StateBackend", "StateStore"]

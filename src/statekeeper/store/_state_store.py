@@ -1,0 +1,326 @@
+"""StateStore: one open, versioned key -> value map of bytes, and its commit state machine.
+
+Uncommitted writes live in an in-memory overlay, so they are invisible to every other reader,
+vanish on ``abort`` or a crash, and are seen by this store's own reads and scans. ``commit``
+uploads the changelog create-only first, then applies the overlay to the working copy in one
+write batch that also records the new version (invariants 1 and 3 of ARCHITECTURE §5).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from types import TracebackType
+
+from statekeeper import layout
+from statekeeper.changelog import decode_changelog, encode_changelog
+from statekeeper.config import StoreConfig
+from statekeeper.errors import CommitConflictError, StateKeeperError
+from statekeeper.storage import BlobStore
+from statekeeper.store._working_copy import WorkingCopy
+
+__all__ = ["CommitInfo", "RestoreInfo", "StateStore"]
+
+_log = logging.getLogger("statekeeper.store")
+_MAX_LEN = 2**31 - 2
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """What one commit did."""
+
+    operator: str
+    partition: int
+    version: int
+    """The version this commit created."""
+    puts: int
+    deletes: int
+    raw_bytes: int
+    """Sum of key and value lengths of the changed records."""
+    bytes_uploaded: int
+    duration_s: float
+    blob: str
+    """Key of the changelog blob, relative to the root."""
+
+
+@dataclass(frozen=True)
+class RestoreInfo:
+    """How ``open`` brought the working copy to the version asked for."""
+
+    version: int
+    base: int
+    base_kind: str
+    """``"local"`` (reused the working copy) or ``"empty"`` (rebuilt from the root)."""
+    changelogs_replayed: int
+    bytes_downloaded: int
+    duration_s: float
+
+
+class _State(enum.Enum):
+    OPEN = "open"
+    FAILED = "failed"
+    CLOSED = "closed"
+
+
+class StateStore:
+    """The state of one (operator, partition) at one version, plus uncommitted writes.
+
+    Not thread-safe: use one store from one thread at a time. Obtain it from
+    :meth:`statekeeper.StateBackend.open`.
+    """
+
+    def __init__(
+        self,
+        *,
+        blobs: BlobStore,
+        config: StoreConfig,
+        operator: str,
+        partition: int,
+        copy: WorkingCopy,
+        root_id: str,
+        restore_info: RestoreInfo,
+    ) -> None:
+        self._blobs = blobs
+        self._config = config
+        self._operator = operator
+        self._partition = partition
+        self._copy = copy
+        self._root_id = root_id
+        self._version = restore_info.version
+        self._pending: dict[bytes, bytes | None] = {}
+        self._state = _State.OPEN
+        self.restore_info = restore_info
+
+    def __repr__(self) -> str:
+        return (
+            f"StateStore({self._operator!r}, partition={self._partition}, "
+            f"version={self._version}, state={self._state.value})"
+        )
+
+    @property
+    def operator(self) -> str:
+        """The operator this store belongs to."""
+        return self._operator
+
+    @property
+    def partition(self) -> int:
+        """The partition this store belongs to."""
+        return self._partition
+
+    @property
+    def version(self) -> int:
+        """The committed version loaded (advances by one on each successful commit)."""
+        return self._version
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def get(self, key: bytes) -> bytes | None:
+        """The value of ``key``, seeing this store's uncommitted writes.
+
+        Raises:
+            TypeError: ``key`` is not bytes.
+            StateKeeperError: the store is closed or failed.
+        """
+        self._check_open()
+        key = _as_key(key)
+        if key in self._pending:
+            return self._pending[key]
+        return self._copy.get(key)
+
+    def multi_get(self, keys: Iterable[bytes]) -> list[bytes | None]:
+        """Values of ``keys`` in order; one RocksDB multi-get for those not written here.
+
+        Raises:
+            TypeError: a key is not bytes.
+            StateKeeperError: the store is closed or failed.
+        """
+        self._check_open()
+        keys = [_as_key(k) for k in keys]
+        pending = self._pending
+        missing = [k for k in keys if k not in pending]
+        found = dict(zip(missing, self._copy.multi_get(missing), strict=True))
+        return [pending[k] if k in pending else found[k] for k in keys]
+
+    def scan(self, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        """Items whose key starts with ``prefix``, sorted by key, seeing own writes.
+
+        Writes made while iterating may or may not be seen; do not commit while iterating.
+
+        Raises:
+            TypeError: ``prefix`` is not bytes.
+            StateKeeperError: the store is closed or failed.
+        """
+        self._check_open()
+        if not isinstance(prefix, bytes | bytearray | memoryview):
+            raise TypeError(f"prefix must be bytes, got {type(prefix).__name__}")
+        prefix = bytes(prefix)
+        overlay = sorted((k, v) for k, v in self._pending.items() if k.startswith(prefix))
+        return _merge(self._copy.scan(prefix), overlay)
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def put(self, key: bytes, value: bytes) -> None:
+        """Set ``key`` to ``value`` (visible to this store now, to others after commit).
+
+        Raises:
+            TypeError: ``key`` or ``value`` is not bytes.
+            ValueError: the key is empty or either is 2 GiB or larger.
+            StateKeeperError: the store is closed or failed.
+        """
+        self._check_open()
+        key = _as_key(key)
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise TypeError(f"value must be bytes, got {type(value).__name__}")
+        value = bytes(value)
+        if len(value) > _MAX_LEN:
+            raise ValueError(f"value must be shorter than 2 GiB, got {len(value)} bytes")
+        self._pending[key] = value
+
+    def delete(self, key: bytes) -> None:
+        """Remove ``key`` (a no-op for a key that does not exist).
+
+        Raises:
+            TypeError: ``key`` is not bytes.
+            StateKeeperError: the store is closed or failed.
+        """
+        self._check_open()
+        self._pending[_as_key(key)] = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def commit(self) -> CommitInfo:
+        """Make the uncommitted writes durable as version ``self.version + 1``.
+
+        The changelog is uploaded create-only before anything references it. If the upload
+        fails with a storage error, nothing changes locally and ``commit`` may be called again.
+        If the version already exists with the same content (a re-run), it is accepted.
+
+        Raises:
+            CommitConflictError: another writer committed this version with different
+                content; the store is then failed and must be reopened.
+            StorageError: the upload failed; the writes are kept and commit can be retried.
+            StateKeeperError: the store is closed or failed.
+        """
+        self._check_open()
+        started = time.perf_counter()
+        new_version = self._version + 1
+        records = sorted(self._pending.items())
+        blob = encode_changelog(
+            records,
+            base_version=self._version,
+            version=new_version,
+            compression=self._config.compression,
+            level=self._config.compression_level,
+        )
+        key = layout.changelog_key(self._operator, self._partition, new_version)
+        self._upload(key, blob, records)
+        try:
+            self._copy.apply(records, version=new_version, root_id=self._root_id)
+        except StateKeeperError:
+            self._state = _State.FAILED
+            raise
+        self._copy.flush_if_due()
+        self._version = new_version
+        self._pending = {}
+        deletes = sum(1 for _, v in records if v is None)
+        info = CommitInfo(
+            operator=self._operator,
+            partition=self._partition,
+            version=new_version,
+            puts=len(records) - deletes,
+            deletes=deletes,
+            raw_bytes=sum(len(k) + (0 if v is None else len(v)) for k, v in records),
+            bytes_uploaded=len(blob),
+            duration_s=time.perf_counter() - started,
+            blob=key,
+        )
+        _log.debug("committed %s", info)
+        return info
+
+    def _upload(self, key: str, blob: bytes, records: list[tuple[bytes, bytes | None]]) -> None:
+        try:
+            self._blobs.put(key, blob)
+        except CommitConflictError as exc:
+            existing = decode_changelog(self._blobs.get(key), blob=key)
+            if existing.header.base_version == self._version and existing.records == records:
+                _log.info("version %s already committed with identical content: accepted", key)
+                return
+            self._state = _State.FAILED
+            raise CommitConflictError(
+                f"version {self._version + 1} of store {self._operator}/{self._partition} "
+                f"was already committed by another writer with different content ({key}); "
+                "this commit was not applied: reopen the store to continue from there"
+            ) from exc
+
+    def abort(self) -> None:
+        """Drop the uncommitted writes; the store stays open at its version.
+
+        Raises:
+            StateKeeperError: the store is closed.
+        """
+        if self._state is _State.CLOSED:
+            raise StateKeeperError(f"{self!r} is closed")
+        self._pending = {}
+
+    def close(self) -> None:
+        """Drop uncommitted writes and release the working copy (kept on disk). Idempotent."""
+        if self._state is _State.CLOSED:
+            return
+        self._pending = {}
+        self._state = _State.CLOSED
+        self._copy.close()
+
+    def __enter__(self) -> StateStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._state is not _State.OPEN:
+            raise StateKeeperError(
+                f"{self!r} cannot be used: it is {self._state.value}"
+                + ("; reopen it from the backend" if self._state is _State.FAILED else "")
+            )
+
+
+def _as_key(key: object) -> bytes:
+    if not isinstance(key, bytes | bytearray | memoryview):
+        raise TypeError(f"key must be bytes, got {type(key).__name__}")
+    key = bytes(key)
+    if not key:
+        raise ValueError("key must not be empty")
+    if len(key) > _MAX_LEN:
+        raise ValueError(f"key must be shorter than 2 GiB, got {len(key)} bytes")
+    return key
+
+
+def _merge(
+    committed: Iterator[tuple[bytes, bytes]], overlay: list[tuple[bytes, bytes | None]]
+) -> Iterator[tuple[bytes, bytes]]:
+    """Merge committed items with the sorted overlay; the overlay wins, ``None`` hides."""
+    i = 0
+    for key, value in committed:
+        while i < len(overlay) and overlay[i][0] < key:
+            okey, ovalue = overlay[i]
+            i += 1
+            if ovalue is not None:
+                yield okey, ovalue
+        if i < len(overlay) and overlay[i][0] == key:
+            ovalue = overlay[i][1]
+            i += 1
+            if ovalue is not None:
+                yield key, ovalue
+        else:
+            yield key, value
+    for okey, ovalue in overlay[i:]:
+        if ovalue is not None:
+            yield okey, ovalue

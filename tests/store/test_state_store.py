@@ -1,0 +1,239 @@
+"""StateStore and StateBackend: the public API of ARCHITECTURE §3 on a real RocksDB."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import statekeeper as sk
+from statekeeper import layout
+
+
+@pytest.fixture
+def backend(tmp_path: Path) -> sk.StateBackend:
+    config = sk.StoreConfig(local_dir=str(tmp_path / "local"))
+    return sk.StateBackend(str(tmp_path / "root"), config=config)
+
+
+def test_fresh_store_is_version_zero_and_empty(backend: sk.StateBackend) -> None:
+    with backend.open("sessions", partition=0) as store:
+        assert store.version == 0
+        assert store.get(b"a") is None
+        assert list(store.scan()) == []
+    assert backend.versions("sessions", 0) == [0]
+
+
+def test_reads_see_own_writes_and_commit_advances(backend: sk.StateBackend) -> None:
+    with backend.open("sessions", partition=0) as store:
+        store.put(b"a", b"1")
+        store.put(b"b", b"")
+        store.put(b"c", b"3")
+        store.delete(b"c")
+        assert store.get(b"a") == b"1"
+        assert store.get(b"b") == b""
+        assert store.get(b"c") is None
+        assert store.multi_get([b"a", b"zz", b"b"]) == [b"1", None, b""]
+        info = store.commit()
+        assert (info.version, info.puts, info.deletes) == (1, 2, 1)
+        assert info.raw_bytes == len(b"a1") + len(b"b") + len(b"c")
+        assert info.blob == layout.changelog_key("sessions", 0, 1)
+        assert store.version == 1
+        store.put(b"a", b"2")
+        store.commit()
+    with backend.open("sessions", partition=0) as store:
+        assert store.version == 2
+        assert store.get(b"a") == b"2"
+    with backend.open("sessions", partition=0, version=1) as store:
+        assert store.get(b"a") == b"1"
+    assert backend.versions("sessions", 0) == [0, 1, 2]
+
+
+def test_scan_merges_uncommitted_writes_in_key_order(backend: sk.StateBackend) -> None:
+    with backend.open("op", partition=1) as store:
+        for i in range(3000):  # more than one internal scan chunk
+            store.put(b"p/%05d" % i, b"x")
+        store.put(b"q", b"other prefix")
+        store.commit()
+        store.put(b"p/00001", b"changed")
+        store.delete(b"p/00002")
+        store.put(b"p/99999", b"new")
+        store.put(b"p/", b"prefix itself")
+        items = list(store.scan(prefix=b"p/"))
+        keys = [k for k, _ in items]
+        assert keys == sorted(keys)
+        assert len(items) == 3000 - 1 + 2
+        assert dict(items)[b"p/00001"] == b"changed"
+        assert b"p/00002" not in dict(items)
+        assert items[0] == (b"p/", b"prefix itself")
+        assert items[-1] == (b"p/99999", b"new")
+        assert b"q" not in dict(items)
+
+
+def test_abort_drops_uncommitted_writes(backend: sk.StateBackend) -> None:
+    with backend.open("op", partition=0) as store:
+        store.put(b"a", b"1")
+        store.commit()
+        store.put(b"a", b"2")
+        store.put(b"b", b"2")
+        store.abort()
+        assert store.get(b"a") == b"1"
+        assert store.get(b"b") is None
+        assert store.version == 1
+
+
+def test_close_without_commit_loses_writes(backend: sk.StateBackend) -> None:
+    store = backend.open("op", partition=0)
+    store.put(b"a", b"1")
+    store.close()
+    store.close()  # idempotent
+    with backend.open("op", partition=0) as again:
+        assert again.get(b"a") is None
+        assert again.version == 0
+    with pytest.raises(sk.StateKeeperError, match="closed"):
+        store.get(b"a")
+
+
+def test_uncommitted_writes_are_invisible_to_other_readers(tmp_path: Path) -> None:
+    root = str(tmp_path / "root")
+    writer = sk.StateBackend(root, config=sk.StoreConfig(local_dir=str(tmp_path / "w")))
+    reader = sk.StateBackend(root, config=sk.StoreConfig(local_dir=str(tmp_path / "r")))
+    with writer.open("op", partition=0) as store:
+        store.put(b"a", b"1")
+        store.commit()
+        store.put(b"a", b"uncommitted")
+        with reader.open("op", partition=0) as other:
+            assert other.get(b"a") == b"1"
+
+
+def test_second_open_of_same_working_copy_is_refused(backend: sk.StateBackend) -> None:
+    with backend.open("op", partition=0), pytest.raises(sk.StateKeeperError, match="already open"):
+        backend.open("op", partition=0)
+    backend.open("op", partition=0).close()  # released on close
+
+
+@pytest.mark.parametrize("bad", ["k", 1, None, ["a"]])
+def test_non_bytes_keys_and_values_are_refused(backend: sk.StateBackend, bad: object) -> None:
+    with backend.open("op", partition=0) as store:
+        with pytest.raises(TypeError, match="must be bytes"):
+            store.put(bad, b"v")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="must be bytes"):
+            store.put(b"k", bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="must be bytes"):
+            store.get(bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="must be bytes"):
+            store.delete(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="empty"):
+            store.put(b"", b"v")
+
+
+@pytest.mark.parametrize(
+    ("version", "error"), [(-1, ValueError), (1.5, TypeError), ("3", TypeError), (True, TypeError)]
+)
+def test_malformed_versions_are_refused(
+    backend: sk.StateBackend, version: object, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match="version"):
+        backend.open("op", partition=0, version=version)  # type: ignore[arg-type]
+
+
+def test_uncommitted_version_is_not_found_and_names_it(backend: sk.StateBackend) -> None:
+    with backend.open("op", partition=0) as store:
+        store.put(b"a", b"1")
+        store.commit()
+    with pytest.raises(sk.StateNotFoundError, match="version 5") as excinfo:
+        backend.open("op", partition=0, version=5)
+    assert isinstance(excinfo.value, FileNotFoundError)
+    assert "0-1" in str(excinfo.value)
+    with backend.open("op", partition=0) as store:  # nothing committed was touched
+        assert store.version == 1
+        assert store.get(b"a") == b"1"
+
+
+@pytest.mark.parametrize("name", ["", "_hidden", "a/b", "..", 3])
+def test_bad_operator_names_are_refused(backend: sk.StateBackend, name: object) -> None:
+    with pytest.raises((TypeError, ValueError), match="operator name"):
+        backend.open(name, partition=0)  # type: ignore[arg-type]
+
+
+def test_partition_count_is_recorded_and_checked(backend: sk.StateBackend, tmp_path: Path) -> None:
+    backend.open("op", partition=0, partitions=4).close()
+    with pytest.raises(sk.ConfigMismatchError, match=r"4 partitions.*but 8"):
+        backend.open("op", partition=0, partitions=8)
+    with pytest.raises(sk.ConfigMismatchError, match="out of range"):
+        backend.open("op", partition=4)
+    backend.open("op", partition=3).close()  # no count given: the recorded one applies
+    doc = json.loads((tmp_path / "root" / layout.ROOT_METADATA).read_text())
+    assert doc["operators"] == {"op": {"partitions": 4}}
+    assert doc["formatVersion"] == 1
+
+
+def test_root_of_newer_format_is_refused_clearly(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    sk.StateBackend(str(root)).open("op", 0, partitions=1).close()
+    path = root / layout.ROOT_METADATA
+    doc = json.loads(path.read_text())
+    doc["formatVersion"] = 99
+    path.write_text(json.dumps(doc))
+    with pytest.raises(sk.ConfigMismatchError, match=r"format version 99.*upgrade"):
+        sk.StateBackend(str(root))
+
+
+def test_root_metadata_that_is_not_ours_is_corrupt(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / layout.ROOT_METADATA).write_text("not json")
+    with pytest.raises(sk.CorruptStateError, match=layout.ROOT_METADATA):
+        sk.StateBackend(str(root))
+
+
+def test_unreadable_root_uri_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="scheme"):
+        sk.StateBackend("ftp://example.com/state")
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    with pytest.raises(sk.StorageError):
+        sk.StateBackend(str(not_a_dir))
+
+
+def test_identical_recommit_is_accepted_and_different_one_conflicts(tmp_path: Path) -> None:
+    root = str(tmp_path / "root")
+    a = sk.StateBackend(root, config=sk.StoreConfig(local_dir=str(tmp_path / "a")))
+    b = sk.StateBackend(root, config=sk.StoreConfig(local_dir=str(tmp_path / "b")))
+    first, second = a.open("op", 0), b.open("op", 0)
+    first.put(b"k", b"1")
+    second.put(b"k", b"1")
+    first.commit()
+    assert second.commit().version == 1  # a re-run with identical content
+    second.put(b"k", b"2")
+    first.put(b"k", b"different")
+    second.commit()
+    with pytest.raises(sk.CommitConflictError, match="version 2"):
+        first.commit()
+    with pytest.raises(sk.StateKeeperError, match="failed"):
+        first.get(b"k")
+    first.close()
+    second.close()
+    with a.open("op", 0) as store:
+        assert (store.version, store.get(b"k")) == (2, b"2")
+
+
+def test_store_config_validates_its_fields() -> None:
+    with pytest.raises(ValueError, match="mode"):
+        sk.StoreConfig(mode="fast")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="retain_versions"):
+        sk.StoreConfig(retain_versions=0)
+    with pytest.raises(ValueError, match="orphan_ttl_s"):
+        sk.StoreConfig(orphan_ttl_s=-1)
+    with pytest.raises(TypeError):
+        sk.StoreConfig("changelog")  # type: ignore[misc]
+
+
+def test_public_names_are_sorted_and_exist() -> None:
+    assert sk.__all__ == sorted(sk.__all__)
+    for name in sk.__all__:
+        assert hasattr(sk, name)
+    assert issubclass(sk.StateNotFoundError, FileNotFoundError)
+    for error in (sk.CorruptStateError, sk.CommitConflictError, sk.ConfigMismatchError):
+        assert issubclass(error, sk.StateKeeperError)
