@@ -1,0 +1,322 @@
+"""Incremental snapshot upload (Samza style) and index loading.
+
+Only what the diff marks as added is uploaded, in ``chunk_size`` chunks, each a separate
+create-only blob with a fresh id, ``io_threads`` at a time; the index blob is written last,
+create-only, so a snapshot exists iff its index does and the index only names blobs that
+were completely written before it (ARCHITECTURE §5.1).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import google_crc32c
+
+from statekeeper import layout
+from statekeeper.errors import CommitConflictError, CorruptStateError, StateNotFoundError
+from statekeeper.snapshot._diff import DirDiff, diff_dir
+from statekeeper.snapshot._files import open_no_follow
+from statekeeper.snapshot._index import (
+    DirIndex,
+    FileBlob,
+    FileIndex,
+    SnapshotIndex,
+    SnapshotMetadata,
+)
+
+if TYPE_CHECKING:
+    from statekeeper.storage._protocol import BlobStore
+
+__all__ = ["SnapshotMetrics", "check_transfer_args", "load_index", "upload_snapshot"]
+
+_log = logging.getLogger("statekeeper.snapshot")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotMetrics:
+    """What one snapshot upload did.
+
+    Attributes:
+        files_uploaded: files uploaded (added or changed since the previous snapshot).
+        bytes_uploaded: their total size (the index blob not included).
+        files_reused: files whose previous blobs the new index references.
+        bytes_reused: their total size.
+        files_removed: files of the previous snapshot that no longer exist.
+        duration_s: wall time of the whole upload.
+        index_blob: key of the index blob written.
+    """
+
+    files_uploaded: int
+    bytes_uploaded: int
+    files_reused: int
+    bytes_reused: int
+    files_removed: int
+    duration_s: float
+    index_blob: str
+
+
+def check_transfer_args(*, io_threads: int, chunk_size: int = 1) -> None:
+    """Refuse a non-positive ``io_threads`` or ``chunk_size``.
+
+    Raises:
+        ValueError: either is not an int >= 1.
+    """
+    for name, value in (("io_threads", io_threads), ("chunk_size", chunk_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def upload_snapshot(
+    blobs: BlobStore,
+    checkpoint_dir: Path,
+    *,
+    operator: str,
+    partition: int,
+    version: int,
+    previous: SnapshotIndex | None,
+    trust_names: bool,
+    chunk_size: int,
+    io_threads: int,
+    checkpoint_id: str | None = None,
+) -> tuple[SnapshotIndex, SnapshotMetrics]:
+    """Upload a RocksDB checkpoint directory as the snapshot of ``version``, incrementally.
+
+    Files are diffed against ``previous`` (see :func:`diff_dir`); added files are uploaded
+    chunked, with at most about ``io_threads * chunk_size`` bytes in memory, their CRC32C
+    computed while reading; retained files reference the previous blobs. The index's
+    ``filesRemoved`` lists every previous file whose blobs it no longer references (deleted
+    or uploaded again). The index blob is written last and create-only. On failure, chunk
+    blobs already written stay behind unreferenced, for GC to sweep after its grace period.
+
+    Args:
+        blobs: the checkpoint root's store.
+        checkpoint_dir: a RocksDB checkpoint that nobody modifies during the upload.
+        operator, partition, version: the store and the version the checkpoint holds.
+        previous: the index of the store's previous snapshot (lower version), or ``None``.
+        trust_names: whether ``checkpoint_dir`` descends from ``previous`` (see
+            :func:`diff_dir`).
+        chunk_size: maximum bytes per file blob.
+        io_threads: parallel uploads.
+        checkpoint_id: id recorded in the index; a fresh uuid hex by default.
+
+    Returns:
+        The index written and the upload's metrics.
+
+    Raises:
+        CommitConflictError: an index for ``version`` already exists.
+        ValueError: bad arguments, ``previous`` is of another store or not older, or the
+            directory holds something a snapshot cannot (see :func:`diff_dir`).
+        StorageError: the blob store failed a write.
+        OSError: the directory cannot be read.
+    """
+    started = time.monotonic()
+    key = layout.snapshot_index_key(operator, partition, version)
+    check_transfer_args(io_threads=io_threads, chunk_size=chunk_size)
+    _check_previous(previous, operator, partition, version)
+    _refuse_existing(blobs, key, version)
+    diff = diff_dir(
+        checkpoint_dir, previous.dir_index if previous else None, trust_names=trust_names
+    )
+    uploaded = _upload_added(
+        blobs, diff, lambda blob_id: layout.file_blob_key(operator, partition, blob_id),
+        chunk_size=chunk_size, io_threads=io_threads,
+    )  # fmt: skip
+    index = SnapshotIndex(
+        checkpoint_id=checkpoint_id if checkpoint_id is not None else uuid.uuid4().hex,
+        created_time_ms=time.time_ns() // 1_000_000,
+        metadata=SnapshotMetadata(operator=operator, partition=partition, version=version),
+        dir_index=_new_dir_index(diff, uploaded, ""),
+        prev_snapshot_index_blob_id=(
+            layout.snapshot_index_key(operator, partition, previous.metadata.version)
+            if previous is not None
+            else None
+        ),
+    )
+    try:
+        blobs.put(key, index.to_json())
+    except CommitConflictError as exc:
+        raise _conflict(key, version) from exc
+    metrics = SnapshotMetrics(
+        files_uploaded=len(uploaded),
+        bytes_uploaded=sum(f.size_in_bytes for f in uploaded.values()),
+        files_reused=sum(1 for _ in diff.iter_retained()),
+        bytes_reused=diff.bytes_retained,
+        files_removed=sum(1 for _ in diff.iter_removed()),
+        duration_s=time.monotonic() - started,
+        index_blob=key,
+    )
+    _log.info(
+        "snapshot %s: uploaded %d files (%d bytes), reused %d files (%d bytes), "
+        "removed %d files, in %.3f s",
+        key, metrics.files_uploaded, metrics.bytes_uploaded, metrics.files_reused,
+        metrics.bytes_reused, metrics.files_removed, metrics.duration_s,
+    )  # fmt: skip
+    return index, metrics
+
+
+def load_index(blobs: BlobStore, operator: str, partition: int, version: int) -> SnapshotIndex:
+    """Fetch and validate the snapshot index of ``version``.
+
+    Raises:
+        StateNotFoundError: no snapshot of ``version`` exists; the message names the blob.
+        CorruptStateError: the blob is not a valid index of that store and version.
+        StorageError: the blob store failed the read.
+    """
+    key = layout.snapshot_index_key(operator, partition, version)
+    try:
+        data = blobs.get(key)
+    except StateNotFoundError as exc:
+        raise StateNotFoundError(
+            f"snapshot index {key!r} not found: {operator}/{partition} has no snapshot of "
+            f"version {version}"
+        ) from exc
+    index = SnapshotIndex.from_json(data, blob=key)
+    expected = SnapshotMetadata(operator=operator, partition=partition, version=version)
+    if index.metadata != expected:
+        found = index.metadata
+        raise CorruptStateError(
+            f"snapshot index {key!r}: expected metadata {operator}/{partition} version "
+            f"{version}, found {found.operator}/{found.partition} version {found.version}"
+        )
+    return index
+
+
+def _check_previous(
+    previous: SnapshotIndex | None, operator: str, partition: int, version: int
+) -> None:
+    if previous is None:
+        return
+    meta = previous.metadata
+    if (meta.operator, meta.partition) != (operator, partition) or meta.version >= version:
+        # Retained files would name blobs under another store's prefix, or the
+        # prevSnapshotIndexBlobId chain would not go back in time.
+        raise ValueError(
+            f"previous snapshot must be of {operator}/{partition} below version {version}, "
+            f"got {meta.operator}/{meta.partition} version {meta.version}"
+        )
+
+
+def _conflict(key: str, version: int) -> CommitConflictError:
+    return CommitConflictError(
+        f"snapshot index {key!r} already exists: version {version} was already snapshotted"
+    )
+
+
+def _refuse_existing(blobs: BlobStore, key: str, version: int) -> None:
+    # Only saves a useless upload (a retried batch re-snapshotting a committed version); the
+    # create-only write of the index is what actually guarantees a single winner.
+    try:
+        blobs.head(key)
+    except StateNotFoundError:
+        return
+    raise _conflict(key, version)
+
+
+class _Window:
+    """Runs transfers on a pool with at most ``limit`` in flight, raising the first failure."""
+
+    def __init__(self, pool: ThreadPoolExecutor, limit: int) -> None:
+        self._pool = pool
+        self._limit = limit
+        self._pending: set[Future[None]] = set()
+
+    def submit(self, fn: Callable[[str, bytes], None], key: str, data: bytes) -> None:
+        while len(self._pending) >= self._limit:
+            self._settle()
+        self._pending.add(self._pool.submit(fn, key, data))
+
+    def drain(self) -> None:
+        while self._pending:
+            self._settle()
+
+    def abandon(self) -> None:
+        for future in self._pending:
+            future.cancel()
+        wait(self._pending)
+
+    def _settle(self) -> None:
+        done, self._pending = wait(self._pending, return_when=FIRST_COMPLETED)
+        for future in done:
+            future.result()
+
+
+def _upload_added(
+    blobs: BlobStore,
+    diff: DirDiff,
+    key_of: Callable[[str], str],
+    *,
+    chunk_size: int,
+    io_threads: int,
+) -> dict[str, FileIndex]:
+    """Upload every added file; returns their new entries by relative path."""
+    uploaded: dict[str, FileIndex] = {}
+    with ThreadPoolExecutor(io_threads, thread_name_prefix="statekeeper-upload") as pool:
+        window = _Window(pool, io_threads)
+        try:
+            for rel, path in diff.iter_added():
+                uploaded[rel] = _upload_file(blobs, window, path, key_of, chunk_size)
+            window.drain()
+        except BaseException:
+            window.abandon()
+            raise
+    return uploaded
+
+
+def _upload_file(
+    blobs: BlobStore,
+    window: _Window,
+    path: Path,
+    key_of: Callable[[str], str],
+    chunk_size: int,
+) -> FileIndex:
+    crc = 0
+    size = 0
+    chunks: list[FileBlob] = []
+    with os.fdopen(open_no_follow(path), "rb") as f:
+        st = os.fstat(f.fileno())
+        # Reading one chunk at a time and handing it to the window keeps memory bounded
+        # whatever the file's size.
+        while data := f.read(chunk_size):
+            # A fresh id per chunk, never derived from the file name: a blob is written
+            # once and never overwritten, even when RocksDB reuses a file name.
+            blob_id = uuid.uuid4().hex
+            window.submit(blobs.put, key_of(blob_id), data)
+            chunks.append(FileBlob(blob_id=blob_id, offset=size))
+            crc = google_crc32c.extend(crc, data)
+            size += len(data)
+    return FileIndex(
+        file_name=path.name,
+        blobs=tuple(chunks),
+        size_in_bytes=size,
+        mtime_ms=st.st_mtime_ns // 1_000_000,
+        ctime_ms=st.st_ctime_ns // 1_000_000,
+        crc=crc,
+        attribs=stat.S_IMODE(st.st_mode) & 0o777,
+    )
+
+
+def _new_dir_index(diff: DirDiff, uploaded: dict[str, FileIndex], prefix: str) -> DirIndex:
+    def by_name(f: FileIndex) -> str:
+        return f.file_name
+
+    files = list(diff.files_retained) + [uploaded[prefix + p.name] for p in diff.files_added]
+    subs = [
+        _new_dir_index(sub, uploaded, f"{prefix}{sub.dir_name}/")
+        for sub in diff.sub_dirs_added + diff.sub_dirs_retained
+    ]
+    return DirIndex(
+        dir_name=diff.dir_name,
+        files_present=tuple(sorted(files, key=by_name)),
+        files_removed=tuple(sorted(diff.files_removed + diff.files_replaced, key=by_name)),
+        sub_directories_present=tuple(sorted(subs, key=lambda d: d.dir_name)),
+        sub_directories_removed=diff.sub_dirs_removed,
+    )
