@@ -15,14 +15,16 @@ import pytest
 import statekeeper as sk
 
 # The child commits version after version of a deterministic workload and prints each
-# acknowledged version. local_checkpoint_interval_s is tiny so kills also land mid-flush.
+# acknowledged version. local_checkpoint_interval_s is tiny so kills also land mid-flush;
+# in changelog mode a background snapshot runs every 7 versions, so kills land mid-upload.
 CHILD = r"""
 import sys
 import statekeeper as sk
 sys.path.insert(0, sys.argv[3])
 from test_crash import changes
 backend = sk.StateBackend(sys.argv[1], config=sk.StoreConfig(
-    local_dir=sys.argv[2], local_checkpoint_interval_s=0.02, io_threads=4))
+    local_dir=sys.argv[2], local_checkpoint_interval_s=0.02, io_threads=4,
+    mode=sys.argv[4], snapshot_every=7))
 with backend.open("crash", partition=0) as store:
     while True:
         for key, value in changes(store.version + 1):
@@ -56,19 +58,20 @@ def expected_state(version: int) -> dict[bytes, bytes]:
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_moments_never_loses_or_mixes_versions(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["changelog", "snapshot"])
+def test_sigkill_at_random_moments_never_loses_or_mixes_versions(tmp_path: Path, mode: str) -> None:
     root, local = str(tmp_path / "root"), str(tmp_path / "local")
-    rng = random.Random(20261121)
+    rng = random.Random(f"20261121-{mode}")
     last_ack = 0
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     for round_ in range(6):
         child = subprocess.Popen(
-            [sys.executable, "-c", CHILD, root, local, str(Path(__file__).parent)],
+            [sys.executable, "-c", CHILD, root, local, str(Path(__file__).parent), mode],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
         )
-        time.sleep(rng.uniform(0.8, 2.0))
+        time.sleep(rng.uniform(1.0, 2.5))
         child.send_signal(signal.SIGKILL)
         out, err = child.communicate()
         acks = [int(line) for line in out.split()]

@@ -39,7 +39,9 @@ def recorder(tmp_path: Path) -> RecordingBlobStore:
 
 
 def _backend(blobs: RecordingBlobStore, local: Path) -> sk.StateBackend:
-    return sk.StateBackend(blobs, config=sk.StoreConfig(local_dir=str(local), io_threads=4))
+    # No background snapshots here: these tests are about changelog replay.
+    config = sk.StoreConfig(local_dir=str(local), io_threads=4, snapshot_every=10_000)
+    return sk.StateBackend(blobs, config=config)
 
 
 def test_no_local_copy_rebuilds_by_replaying_every_changelog(
@@ -152,14 +154,23 @@ def test_commits_and_cold_restore_on_s3(
     writer = sk.StateBackend(
         uri, config=sk.StoreConfig(local_dir=str(tmp_path / "w")), storage_options=options
     )
-    _commit_versions(writer, 12)
+    _commit_versions(writer, 12)  # the default snapshot_every=10 snapshots version 10
+    writer.wait_for_snapshots()
     assert writer.versions("op", 0) == list(range(13))
     cold = sk.StateBackend(
         uri, config=sk.StoreConfig(local_dir=str(tmp_path / "cold")), storage_options=options
     )
     with cold.open("op", partition=0) as store:
-        assert (store.version, store.restore_info.changelogs_replayed) == (12, 12)
+        info = store.restore_info
+        assert (store.version, info.base_kind, info.base, info.changelogs_replayed) == (
+            12,
+            "snapshot",
+            10,
+            2,
+        )
+        assert info.files_downloaded > 0
         assert dict(store.scan()) == _expected(12)
     with cold.open("op", partition=0, version=7) as store:
+        assert store.restore_info.base_kind == "empty"  # the local copy is ahead of 7
         assert dict(store.scan()) == _expected(7)
     assert "secret" not in repr(cold).lower()

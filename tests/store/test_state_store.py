@@ -69,6 +69,9 @@ def test_scan_merges_uncommitted_writes_in_key_order(backend: sk.StateBackend) -
         assert items[0] == (b"p/", b"prefix itself")
         assert items[-1] == (b"p/99999", b"new")
         assert b"q" not in dict(items)
+        everything = list(store.scan())
+        assert len(everything) == 3000 - 1 + 3
+        assert [k for k, _ in everything] == sorted(k for k, _ in everything)
 
 
 def test_abort_drops_uncommitted_writes(backend: sk.StateBackend) -> None:

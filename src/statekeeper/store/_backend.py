@@ -5,18 +5,21 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import time
+import threading
+import weakref
 from collections.abc import Mapping
 from types import TracebackType
 
 from statekeeper import layout
-from statekeeper.changelog import decode_changelog
 from statekeeper.config import StoreConfig
-from statekeeper.errors import ConfigMismatchError, CorruptStateError
+from statekeeper.errors import ConfigMismatchError
+from statekeeper.snapshot import SnapshotMetrics
 from statekeeper.storage import BlobStore, open_blob_store
-from statekeeper.store._history import RestorePlan, StoreHistory
+from statekeeper.store._history import StoreHistory
+from statekeeper.store._restore import restore_copy
 from statekeeper.store._root import RootRegistry
-from statekeeper.store._state_store import RestoreInfo, StateStore
+from statekeeper.store._snapshots import Snapshotter, remove_stale_checkpoints
+from statekeeper.store._state_store import StateStore
 from statekeeper.store._working_copy import WorkingCopy
 
 __all__ = ["StateBackend"]
@@ -59,10 +62,6 @@ class StateBackend:
             config = StoreConfig()
         if not isinstance(config, StoreConfig):
             raise TypeError(f"config must be a StoreConfig, got {type(config).__name__}")
-        if config.mode != "changelog":
-            raise ConfigMismatchError(
-                f"StoreConfig.mode={config.mode!r} is not available yet; use 'changelog'"
-            )
         self._config = config
         if isinstance(root, BlobStore):
             self._blobs = root
@@ -71,6 +70,11 @@ class StateBackend:
                 os.fspath(root), storage_options, io_threads=config.io_threads
             )
         self._registry = RootRegistry(self._blobs)
+        self._snapshotter = Snapshotter(self._blobs, config)
+        self._open_lock = threading.Lock()
+        self._open_stores: weakref.WeakValueDictionary[tuple[str, int], StateStore] = (
+            weakref.WeakValueDictionary()
+        )
         self._registry.read()  # fail fast on an unreadable root or a newer format
 
     def __repr__(self) -> str:
@@ -129,39 +133,16 @@ class StateBackend:
                 f"partition {partition} is out of range: operator {name!r} has {count} "
                 f"partitions (0..{count - 1}) in this checkpoint root"
             )
-        started = time.perf_counter()
         history = StoreHistory.load(self._blobs, name, partition)
-        target = history.latest() if version is None else version
-        copy = self._open_copy(name, partition)
-        try:
-            local = copy.version if copy.root_id == meta.root_id else None
-            plan = history.plan(target, local)
-            if plan.base_kind == "empty" and (copy.version is not None or copy.root_id):
-                _log.info(
-                    "discarding local copy of %s/%s at version %s (root %s): %s wanted",
-                    name,
-                    partition,
-                    copy.version,
-                    copy.root_id,
-                    target,
-                )
-                copy.destroy()
-                copy = self._open_copy(name, partition)
-            downloaded = self._replay(copy, plan, name, partition, meta.root_id)
-        except BaseException:
-            copy.close(flush=False)
-            raise
-        info = RestoreInfo(
-            version=target,
-            base=plan.base,
-            base_kind=plan.base_kind,
-            changelogs_replayed=len(plan.replay),
-            bytes_downloaded=downloaded,
-            duration_s=time.perf_counter() - started,
+        copy, info = restore_copy(
+            blobs=self._blobs,
+            config=self._config,
+            history=history,
+            version=history.latest() if version is None else version,
+            root_id=meta.root_id,
+            open_copy=lambda: self._open_copy(name, partition),
         )
-        if plan.replay:
-            _log.info("restored %s/%s: %s", name, partition, info)
-        return StateStore(
+        store = StateStore(
             blobs=self._blobs,
             config=self._config,
             operator=name,
@@ -169,7 +150,35 @@ class StateBackend:
             copy=copy,
             root_id=meta.root_id,
             restore_info=info,
+            snapshotter=self._snapshotter,
+            last_snapshot=history.newest_snapshot or 0,
         )
+        with self._open_lock:
+            self._open_stores[(name, partition)] = store
+        return store
+
+    def snapshot(self, name: str, partition: int) -> SnapshotMetrics | None:
+        """Snapshot the latest version of a store now; ``None`` if that snapshot exists.
+
+        Uses the store's open working copy if this backend has it open, else opens it.
+
+        Raises:
+            TypeError, ValueError: a malformed argument.
+            StateNotFoundError: the store has no restorable version.
+            StateKeeperError: the store failed, or the upload failed.
+        """
+        layout.validate_operator(name)
+        layout.validate_partition(partition)
+        with self._open_lock:
+            store = self._open_stores.get((name, partition))
+        if store is not None and not store.closed:
+            return store.snapshot_now()
+        with self.open(name, partition) as store:
+            return store.snapshot_now()
+
+    def wait_for_snapshots(self) -> None:
+        """Block until every background snapshot scheduled so far has finished."""
+        self._snapshotter.wait()
 
     def versions(self, name: str, partition: int) -> list[int]:
         """Every version of the store that can be opened, ascending.
@@ -181,7 +190,8 @@ class StateBackend:
         return StoreHistory.load(self._blobs, name, partition).restorable_versions()
 
     def close(self) -> None:
-        """Release the blob store's threads and connections."""
+        """Finish background snapshots, then release the blob store's threads."""
+        self._snapshotter.close()
         self._blobs.close()
 
     def __enter__(self) -> StateBackend:
@@ -203,34 +213,10 @@ class StateBackend:
         return os.path.join(self._config.resolved_local_dir, root_key, name, str(partition))
 
     def _open_copy(self, name: str, partition: int) -> WorkingCopy:
+        path = self._copy_path(name, partition)
+        remove_stale_checkpoints(path)
         return WorkingCopy(
-            self._copy_path(name, partition),
+            path,
             write_buffer_mb=self._config.write_buffer_mb,
             checkpoint_interval_s=self._config.local_checkpoint_interval_s,
         )
-
-    def _replay(
-        self, copy: WorkingCopy, plan: RestorePlan, name: str, partition: int, root_id: str
-    ) -> int:
-        """Download the plan's changelogs in parallel windows and apply them in order."""
-        if not plan.replay:
-            if copy.version is None:
-                copy.apply((), version=plan.version, root_id=root_id)
-            return 0
-        downloaded = 0
-        window = max(1, self._config.io_threads * 2)
-        versions = list(plan.replay)
-        for start in range(0, len(versions), window):
-            batch = versions[start : start + window]
-            keys = [layout.changelog_key(name, partition, v) for v in batch]
-            for v, key, data in zip(batch, keys, self._blobs.get_many(keys), strict=True):
-                downloaded += len(data)
-                log = decode_changelog(data, blob=key)
-                if log.header.version != v or log.header.base_version != v - 1:
-                    raise CorruptStateError(
-                        f"changelog {key} is not valid: expected versions {v - 1} -> {v}, "
-                        f"found {log.header.base_version} -> {log.header.version}"
-                    )
-                copy.apply(log.records, version=v, root_id=root_id)
-        copy.flush()
-        return downloaded

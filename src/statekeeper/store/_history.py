@@ -23,7 +23,8 @@ class RestorePlan:
     base: int
     """The version to start from."""
     base_kind: str
-    """``"local"`` (the working copy as it is), ``"empty"`` (a new, empty copy)."""
+    """``"local"`` (the working copy as it is), ``"snapshot"`` (restore the snapshot at
+    ``base`` into the working copy, reusing identical files) or ``"empty"`` (a new copy)."""
     replay: tuple[int, ...]
     """Changelog versions to apply, in order."""
 
@@ -35,26 +36,38 @@ class StoreHistory:
     operator: str
     partition: int
     changelogs: frozenset[int]
+    snapshots: frozenset[int] = frozenset()
 
     @classmethod
     def load(cls, blobs: BlobStore, operator: str, partition: int) -> StoreHistory:
-        """List the store's changelogs.
+        """List the store's changelogs and snapshot indexes (not its many file blobs).
 
         Raises:
-            StorageError: the listing failed.
+            StorageError: a listing failed.
         """
-        versions = {
+        changelogs = {
             v
             for meta in blobs.list(layout.changelog_prefix(operator, partition))
             if (v := layout.parse_changelog_key(meta.key)) is not None
         }
-        return cls(operator, partition, frozenset(versions))
+        snapshots = {
+            v
+            for meta in blobs.list(layout.snapshot_prefix(operator, partition))
+            if (v := layout.parse_snapshot_key(meta.key)) is not None
+        }
+        return cls(operator, partition, frozenset(changelogs), frozenset(snapshots))
+
+    @property
+    def newest_snapshot(self) -> int | None:
+        """The newest snapshot version, if any."""
+        return max(self.snapshots) if self.snapshots else None
 
     def _bases(self) -> list[int]:
         """Versions a rebuild can start from without a local copy."""
-        if not self.changelogs or 1 in self.changelogs:
-            return [0]
-        return []
+        bases = set(self.snapshots)
+        if 1 in self.changelogs or not (self.changelogs or self.snapshots):
+            bases.add(0)
+        return sorted(bases)
 
     def _chain_end(self, base: int) -> int:
         """The highest version reachable from ``base`` by contiguous changelogs."""
@@ -87,17 +100,23 @@ class StoreHistory:
     def plan(self, version: int, local_version: int | None) -> RestorePlan:
         """The cheapest way to bring a copy at ``local_version`` to ``version``.
 
-        A local copy ahead of ``version`` is never used: it holds changes of later commits.
+        The base is the newest of: the local copy, a snapshot, the empty store — among those
+        at or below ``version`` from which the changelogs reach it; on a tie the local copy
+        wins (nothing to download). A local copy ahead of ``version`` is never used: it holds
+        changes of later commits.
 
         Raises:
             StateNotFoundError: ``version`` was never committed or is no longer restorable.
         """
+        candidates: list[tuple[int, int, str]] = []
         if local_version is not None and local_version <= version <= self._chain_end(local_version):
-            replay = tuple(range(local_version + 1, version + 1))
-            return RestorePlan(version, local_version, "local", replay)
-        for base in sorted(self._bases(), reverse=True):
+            candidates.append((local_version, 2, "local"))
+        for base in self._bases():
             if base <= version <= self._chain_end(base):
-                return RestorePlan(version, base, "empty", tuple(range(base + 1, version + 1)))
+                candidates.append((base, 1, "snapshot" if base in self.snapshots else "empty"))
+        if candidates:
+            base, _, kind = max(candidates)
+            return RestorePlan(version, base, kind, tuple(range(base + 1, version + 1)))
         raise StateNotFoundError(
             f"version {version} of store {self.operator}/{self.partition} does not exist: "
             f"restorable versions are {_ranges(set(self.restorable_versions())) or 'none'}"

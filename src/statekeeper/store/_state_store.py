@@ -19,7 +19,9 @@ from statekeeper import layout
 from statekeeper.changelog import decode_changelog, encode_changelog
 from statekeeper.config import StoreConfig
 from statekeeper.errors import CommitConflictError, StateKeeperError
+from statekeeper.snapshot import SnapshotMetrics
 from statekeeper.storage import BlobStore
+from statekeeper.store._snapshots import SnapshotJob, Snapshotter
 from statekeeper.store._working_copy import WorkingCopy
 
 __all__ = ["CommitInfo", "RestoreInfo", "StateStore"]
@@ -43,7 +45,11 @@ class CommitInfo:
     bytes_uploaded: int
     duration_s: float
     blob: str
-    """Key of the changelog blob, relative to the root."""
+    """Key of the blob that commits the version: a changelog, or a snapshot index."""
+    snapshot: bool = False
+    """True if this commit is a snapshot (``mode="snapshot"``)."""
+    snapshot_scheduled: bool = False
+    """True if a background snapshot of this version was scheduled."""
 
 
 @dataclass(frozen=True)
@@ -53,10 +59,16 @@ class RestoreInfo:
     version: int
     base: int
     base_kind: str
-    """``"local"`` (reused the working copy) or ``"empty"`` (rebuilt from the root)."""
+    """``"local"`` (reused the working copy), ``"snapshot"`` (restored a snapshot,
+    reusing identical local files) or ``"empty"`` (rebuilt from changelogs alone)."""
     changelogs_replayed: int
     bytes_downloaded: int
     duration_s: float
+    files_downloaded: int = 0
+    """Snapshot files downloaded."""
+    files_reused: int = 0
+    """Snapshot files already present locally with the same size and checksum."""
+    bytes_reused: int = 0
 
 
 class _State(enum.Enum):
@@ -82,6 +94,8 @@ class StateStore:
         copy: WorkingCopy,
         root_id: str,
         restore_info: RestoreInfo,
+        snapshotter: Snapshotter,
+        last_snapshot: int,
     ) -> None:
         self._blobs = blobs
         self._config = config
@@ -92,6 +106,9 @@ class StateStore:
         self._version = restore_info.version
         self._pending: dict[bytes, bytes | None] = {}
         self._state = _State.OPEN
+        self._snapshotter = snapshotter
+        self._last_snapshot = last_snapshot
+        self._job: SnapshotJob | None = None
         self.restore_info = restore_info
 
     def __repr__(self) -> str:
@@ -109,6 +126,11 @@ class StateStore:
     def partition(self) -> int:
         """The partition this store belongs to."""
         return self._partition
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._state is _State.CLOSED
 
     @property
     def version(self) -> int:
@@ -194,20 +216,48 @@ class StateStore:
     def commit(self) -> CommitInfo:
         """Make the uncommitted writes durable as version ``self.version + 1``.
 
-        The changelog is uploaded create-only before anything references it. If the upload
-        fails with a storage error, nothing changes locally and ``commit`` may be called again.
-        If the version already exists with the same content (a re-run), it is accepted.
+        In changelog mode the changelog is uploaded create-only before anything references
+        it; if the upload fails with a storage error nothing changes locally and ``commit``
+        may be called again; if the version already exists with the same content (a re-run)
+        it is accepted. Every ``snapshot_every`` versions a snapshot is scheduled in the
+        background. In snapshot mode the commit is an incremental snapshot.
 
         Raises:
             CommitConflictError: another writer committed this version with different
                 content; the store is then failed and must be reopened.
-            StorageError: the upload failed; the writes are kept and commit can be retried.
+            StorageError: the upload failed; in changelog mode the writes are kept and
+                commit can be retried, in snapshot mode the store is failed.
             StateKeeperError: the store is closed or failed.
         """
         self._check_open()
         started = time.perf_counter()
-        new_version = self._version + 1
         records = sorted(self._pending.items())
+        if self._config.mode == "snapshot":
+            key, uploaded = self._commit_snapshot(records)
+        else:
+            key, uploaded = self._commit_changelog(records)
+        self._version += 1
+        self._pending = {}
+        scheduled = self._maybe_schedule_snapshot()
+        deletes = sum(1 for _, v in records if v is None)
+        info = CommitInfo(
+            operator=self._operator,
+            partition=self._partition,
+            version=self._version,
+            puts=len(records) - deletes,
+            deletes=deletes,
+            raw_bytes=sum(len(k) + (0 if v is None else len(v)) for k, v in records),
+            bytes_uploaded=uploaded,
+            duration_s=time.perf_counter() - started,
+            blob=key,
+            snapshot=self._config.mode == "snapshot",
+            snapshot_scheduled=scheduled,
+        )
+        _log.debug("committed %s", info)
+        return info
+
+    def _commit_changelog(self, records: list[tuple[bytes, bytes | None]]) -> tuple[str, int]:
+        new_version = self._version + 1
         blob = encode_changelog(
             records,
             base_version=self._version,
@@ -223,22 +273,54 @@ class StateStore:
             self._state = _State.FAILED
             raise
         self._copy.flush_if_due()
-        self._version = new_version
-        self._pending = {}
-        deletes = sum(1 for _, v in records if v is None)
-        info = CommitInfo(
-            operator=self._operator,
-            partition=self._partition,
-            version=new_version,
-            puts=len(records) - deletes,
-            deletes=deletes,
-            raw_bytes=sum(len(k) + (0 if v is None else len(v)) for k, v in records),
-            bytes_uploaded=len(blob),
-            duration_s=time.perf_counter() - started,
-            blob=key,
-        )
-        _log.debug("committed %s", info)
-        return info
+        return key, len(blob)
+
+    def _commit_snapshot(self, records: list[tuple[bytes, bytes | None]]) -> tuple[str, int]:
+        """Apply locally marked dirty, snapshot, then mark clean: the index commits."""
+        new_version = self._version + 1
+        try:
+            self._copy.apply(records, version=new_version, root_id=self._root_id, dirty=True)
+            metrics = self._snapshotter.run(
+                SnapshotJob(self._copy, self._operator, self._partition), dirty_ok=True
+            )
+            if metrics is None:
+                raise StateKeeperError(f"could not snapshot {self!r}: the copy was closed")
+            self._copy.mark_clean()
+        except CommitConflictError as exc:
+            self._state = _State.FAILED
+            raise CommitConflictError(
+                f"version {new_version} of store {self._operator}/{self._partition} was "
+                "already committed by another writer; this commit was not applied: reopen "
+                "the store to continue from there"
+            ) from exc
+        except BaseException:
+            self._state = _State.FAILED  # the local copy holds an uncommitted version
+            raise
+        self._last_snapshot = new_version
+        return metrics.index_blob, metrics.bytes_uploaded
+
+    def _maybe_schedule_snapshot(self) -> bool:
+        if self._config.mode == "snapshot":
+            return False
+        if self._version - self._last_snapshot < self._config.snapshot_every:
+            return False
+        job = SnapshotJob(self._copy, self._operator, self._partition)
+        if self._snapshotter.schedule(job) is None:
+            return False  # the previous one is still uploading: try again next commit
+        self._job = job
+        self._last_snapshot = self._version
+        return True
+
+    def snapshot_now(self) -> SnapshotMetrics | None:
+        """Snapshot the committed version now, synchronously; ``None`` if one exists.
+
+        Raises:
+            StateKeeperError: the store is closed or failed, or the upload failed.
+        """
+        self._check_open()
+        metrics = self._snapshotter.run(SnapshotJob(self._copy, self._operator, self._partition))
+        self._last_snapshot = self._version
+        return metrics
 
     def _upload(self, key: str, blob: bytes, records: list[tuple[bytes, bytes | None]]) -> None:
         try:
@@ -271,6 +353,8 @@ class StateStore:
             return
         self._pending = {}
         self._state = _State.CLOSED
+        if self._job is not None:
+            self._job.ensure_checkpoint()  # a scheduled snapshot needs its checkpoint first
         self._copy.close()
 
     def __enter__(self) -> StateStore:

@@ -1,9 +1,12 @@
 """The local RocksDB working copy of one store.
 
-User keys live in the default column family; the committed version and the id of the root
-the copy belongs to live in a private ``_statekeeper`` column family. Every change is applied
-in one ``WriteBatch`` together with the new version, and the database uses atomic flushes, so
-whatever a crash leaves on disk is some committed version, labelled correctly (invariant 3).
+User keys live in the database as they are; the committed version, the id of the root the
+copy belongs to and a dirty flag live under the empty key ``b""``, which users cannot write
+(keys must be non-empty) and which scans skip. Every change is applied in one
+``WriteBatch`` together with the new label, and there is one column family, so whatever a
+flush or a crash leaves on disk is some committed version, labelled correctly (invariant 3).
+(A separate column family would need every flush to cover both families atomically, and
+rocksdict's ``flush`` covers only the default one.)
 
 The write-ahead log is disabled: durability comes from the changelogs in the blob store. A
 hard crash may therefore set the local copy back to its last flush; ``flush_if_due`` bounds
@@ -13,6 +16,8 @@ replaying changelogs on the next open.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import shutil
@@ -29,10 +34,12 @@ __all__ = ["WorkingCopy"]
 
 _log = logging.getLogger(__name__)
 
-_META_CF = "_statekeeper"
-_VERSION_KEY = b"version"
-_ROOT_ID_KEY = b"root_id"
-_U64 = struct.Struct(">Q")
+LABEL_KEY = b""
+# Label value: version (uint64), dirty flag (uint8), then the root id in UTF-8. The dirty
+# flag is set while the data holds a version not yet durable in the blob store (snapshot
+# mode applies locally before the snapshot upload that commits it); such a copy is never
+# reused as a committed version.
+_LABEL = struct.Struct(">QB")
 _SCAN_CHUNK = 1024
 
 # Directories with an open working copy in this process: RocksDB refuses a second handle on
@@ -45,9 +52,6 @@ def _options(write_buffer_mb: int) -> rocksdict.Options:
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
-    # The version record and the data it labels live in different column families; without
-    # atomic flush a memtable flush of one but not the other could persist a mix.
-    opts.set_atomic_flush(True)
     opts.set_write_buffer_size(write_buffer_mb * 1024 * 1024)
     opts.set_max_background_jobs(2)
     opts.set_level_compaction_dynamic_level_bytes(True)
@@ -82,48 +86,75 @@ class WorkingCopy:
                 )
             _open_paths.add(self.path)
         try:
-            os.makedirs(self.path, exist_ok=True)
             self._opts = _options(write_buffer_mb)
-            self._db = rocksdict.Rdict(
-                self.path, self._opts, column_families={_META_CF: rocksdict.Options(raw_mode=True)}
-            )
-        except Exception as exc:
+            self._db = self._open_db()
+        except BaseException:
             with _open_paths_lock:
                 _open_paths.discard(self.path)
-            raise StateKeeperError(
-                f"cannot open the local working copy {self.path}: {exc}"
-                + (" (is another process using it?)" if "lock" in str(exc).lower() else "")
-            ) from exc
+            raise
         self._write_opts = rocksdict.WriteOptions()
         # A property at runtime, though rocksdict's stub declares a method.
         self._write_opts.disable_wal = True  # type: ignore[method-assign,assignment]
         self._last_flush = time.monotonic()
         self._closed = False
+        # Serializes writes, checkpoints and close: a checkpoint taken by the background
+        # snapshot thread must hold exactly one labelled version.
+        self._lock = threading.Lock()
+
+    def _open_db(self) -> rocksdict.Rdict:
+        """Open the database; a directory RocksDB cannot open is discarded and recreated.
+
+        The local copy is only a cache of the blob store, so an unreadable one (a restore
+        interrupted half way, a disk error) costs a download, never state.
+        """
+        for attempt in (1, 2):
+            os.makedirs(self.path, exist_ok=True)
+            try:
+                return rocksdict.Rdict(self.path, self._opts)
+            except Exception as exc:
+                if "lock" in str(exc).lower() or attempt == 2:
+                    busy = " (is another process using it?)" if "lock" in str(exc).lower() else ""
+                    raise StateKeeperError(
+                        f"cannot open the local working copy {self.path}: {exc}{busy}"
+                    ) from exc
+                _log.warning("discarding unreadable local working copy %s: %s", self.path, exc)
+                shutil.rmtree(self.path, ignore_errors=True)
+                self.set_lineage(None, 0)
+        raise AssertionError("unreachable")
 
     # -- labels ---------------------------------------------------------------------------
 
-    def _meta_get(self, key: bytes) -> bytes | None:
-        meta = self._db.get_column_family(_META_CF)
-        try:
-            value = meta.get(key)
-        finally:
-            del meta
-        return value if value is None else bytes(value)
+    def _label(self) -> tuple[int, bool, str] | None:
+        raw = self._db.get(LABEL_KEY)
+        if raw is None:
+            return None
+        raw = bytes(raw)
+        version, dirty = _LABEL.unpack_from(raw)
+        return int(version), bool(dirty), raw[_LABEL.size :].decode("utf-8")
 
     @property
     def version(self) -> int | None:
-        """The committed version this copy holds, or ``None`` for a fresh, unlabelled copy."""
-        raw = self._meta_get(_VERSION_KEY)
-        if raw is None:
-            return None
-        (version,) = _U64.unpack(raw)
-        return int(version)
+        """The committed version this copy holds, or ``None`` if fresh or not trustworthy."""
+        label = self._label()
+        return None if label is None or label[1] else label[0]
+
+    @property
+    def label(self) -> int | None:
+        """The version label as written, committed or not."""
+        label = self._label()
+        return None if label is None else label[0]
+
+    @property
+    def dirty(self) -> bool:
+        """True if the data holds a version not yet committed to the blob store."""
+        label = self._label()
+        return label is not None and label[1]
 
     @property
     def root_id(self) -> str | None:
         """The id of the checkpoint root this copy was built from, if labelled."""
-        raw = self._meta_get(_ROOT_ID_KEY)
-        return None if raw is None else raw.decode("utf-8")
+        label = self._label()
+        return None if label is None else label[2]
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -146,18 +177,17 @@ class WorkingCopy:
         Reads in chunks with a fresh iterator each time, so no RocksDB iterator outlives a
         chunk (an abandoned generator must not keep the database open).
         """
-        start = prefix
+        start: bytes | None = prefix
         inclusive = True
-        while True:
-            chunk = self._scan_chunk(start, prefix, inclusive)
-            yield from chunk
-            if len(chunk) < _SCAN_CHUNK:
-                return
-            start, inclusive = chunk[-1][0], False
+        while start is not None:
+            chunk, start = self._scan_chunk(start, prefix, inclusive)
+            inclusive = False
+            yield from (item for item in chunk if item[0] != LABEL_KEY)
 
     def _scan_chunk(
         self, start: bytes, prefix: bytes, inclusive: bool
-    ) -> list[tuple[bytes, bytes]]:
+    ) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
+        """Up to one chunk of items from ``start``, and where to go on (``None``: done)."""
         out: list[tuple[bytes, bytes]] = []
         it = self._db.iter()
         try:
@@ -167,12 +197,12 @@ class WorkingCopy:
             while it.valid() and len(out) < _SCAN_CHUNK:
                 key = bytes(it.key())
                 if not key.startswith(prefix):
-                    break
+                    return out, None
                 out.append((key, bytes(it.value())))
                 it.next()
+            return out, (out[-1][0] if it.valid() and out else None)
         finally:
             del it
-        return out
 
     # -- writes ---------------------------------------------------------------------------
 
@@ -182,8 +212,12 @@ class WorkingCopy:
         *,
         version: int,
         root_id: str,
+        dirty: bool = False,
     ) -> None:
         """Apply puts (value) and deletes (``None``) and label the copy ``version``, atomically.
+
+        With ``dirty`` the copy is also marked as holding a version not yet durable in the
+        blob store, until :meth:`mark_clean`.
 
         Raises:
             StateKeeperError: RocksDB failed the write; the copy keeps its previous version.
@@ -194,16 +228,50 @@ class WorkingCopy:
                 batch.delete(key)
             else:
                 batch.put(key, value)
-        meta = self._db.get_column_family_handle(_META_CF)
-        batch.put(_VERSION_KEY, _U64.pack(version), meta)
-        batch.put(_ROOT_ID_KEY, root_id.encode("utf-8"), meta)
-        del meta
+        batch.put(LABEL_KEY, _LABEL.pack(version, dirty) + root_id.encode("utf-8"))
+        self._write(batch)
+
+    def mark_clean(self) -> None:
+        """Record that the labelled version is durable in the blob store.
+
+        Raises:
+            StateKeeperError: the copy is unlabelled, or RocksDB failed the write.
+        """
+        label = self._label()
+        if label is None:
+            raise StateKeeperError(f"the local working copy {self.path} holds no version")
+        self.apply((), version=label[0], root_id=label[2])
+
+    def _write(self, batch: rocksdict.WriteBatch) -> None:
         try:
-            self._db.write(batch, self._write_opts)
+            with self._lock:
+                self._db.write(batch, self._write_opts)
         except Exception as exc:
             raise StateKeeperError(
                 f"cannot write to the local working copy {self.path}: {exc}"
             ) from exc
+
+    def checkpoint(self, path: str) -> int:
+        """Create a RocksDB checkpoint (hard links) at ``path``; returns its version label.
+
+        Raises:
+            StateKeeperError: the copy is unlabelled or closed, or RocksDB failed.
+        """
+        with self._lock:
+            if self._closed:
+                raise StateKeeperError(f"the local working copy {self.path} is closed")
+            label = self.label
+            if label is None:
+                raise StateKeeperError(f"the local working copy {self.path} holds no version")
+            try:
+                rocksdict.Checkpoint(self._db).create_checkpoint(path)
+            except Exception as exc:
+                raise StateKeeperError(
+                    f"cannot create a checkpoint of {self.path} at {path}: {exc}"
+                ) from exc
+            # The checkpoint flushed the memtables: the copy is durable up to here too.
+            self._last_flush = time.monotonic()
+        return label
 
     def flush_if_due(self) -> bool:
         """Flush memtables if the local checkpoint interval has passed; True if flushed."""
@@ -214,24 +282,62 @@ class WorkingCopy:
 
     def flush(self) -> None:
         """Make the current committed version durable on local disk."""
-        self._db.flush(wait=True)
+        with self._lock:
+            self._db.flush(wait=True)
         self._last_flush = time.monotonic()
 
     def close(self, *, flush: bool = True) -> None:
         """Flush (unless told not to) and release the database. Idempotent."""
         if self._closed:
             return
-        self._closed = True
         try:
             if flush:
                 self.flush()
-            self._db.close()
+            with self._lock:
+                self._closed = True
+                self._db.close()
         finally:
             with _open_paths_lock:
                 _open_paths.discard(self.path)
 
     def destroy(self) -> None:
-        """Close and delete the working copy directory."""
+        """Close and delete the working copy directory and its lineage record."""
         self.close(flush=False)
         shutil.rmtree(self.path, ignore_errors=True)
+        self.set_lineage(None, 0)
         _log.debug("removed local working copy %s", self.path)
+
+    # -- snapshot lineage -----------------------------------------------------------------
+
+    @property
+    def lineage_path(self) -> str:
+        """File beside the copy naming the snapshot its files descend from."""
+        return self.path + ".lineage.json"
+
+    @property
+    def lineage(self) -> tuple[str, int] | None:
+        """(checkpoint id, version) of the snapshot this copy last uploaded or restored.
+
+        RocksDB numbers its files per database, so file names are comparable with that
+        snapshot's index only while this holds; ``None`` when unknown.
+        """
+        try:
+            with open(self.lineage_path, encoding="utf-8") as fh:
+                doc = json.load(fh)
+            checkpoint_id, version = doc["checkpointId"], doc["version"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if not isinstance(checkpoint_id, str) or not isinstance(version, int):
+            return None
+        return checkpoint_id, version
+
+    def set_lineage(self, checkpoint_id: str | None, version: int) -> None:
+        """Record (or forget, with ``None``) the snapshot the copy's files descend from."""
+        if checkpoint_id is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.lineage_path)
+            return
+        tmp = f"{self.lineage_path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump({"checkpointId": checkpoint_id, "version": version}, fh)
+        os.replace(tmp, self.lineage_path)

@@ -1,0 +1,143 @@
+"""Bring a local working copy to a committed version: reuse, snapshot restore, replay."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from statekeeper import layout
+from statekeeper.changelog import decode_changelog
+from statekeeper.config import StoreConfig
+from statekeeper.errors import CorruptStateError
+from statekeeper.snapshot import RestoreMetrics, load_index, restore_snapshot
+from statekeeper.storage import BlobStore
+from statekeeper.store._history import RestorePlan, StoreHistory
+from statekeeper.store._state_store import RestoreInfo
+from statekeeper.store._working_copy import WorkingCopy
+
+__all__ = ["restore_copy"]
+
+_log = logging.getLogger("statekeeper.store")
+_NO_SNAPSHOT = RestoreMetrics(
+    files_downloaded=0,
+    bytes_downloaded=0,
+    files_reused=0,
+    bytes_reused=0,
+    files_deleted=0,
+    duration_s=0.0,
+)
+
+
+def restore_copy(
+    *,
+    blobs: BlobStore,
+    config: StoreConfig,
+    history: StoreHistory,
+    version: int,
+    root_id: str,
+    open_copy: Callable[[], WorkingCopy],
+) -> tuple[WorkingCopy, RestoreInfo]:
+    """Open the working copy and bring it to ``version``; the copy is returned open.
+
+    Raises:
+        StateNotFoundError: ``version`` is not restorable, or a blob it needs is missing.
+        CorruptStateError: a blob fails its checks, or a snapshot holds another version.
+        StorageError: the blob store failed.
+    """
+    started = time.perf_counter()
+    copy = open_copy()
+    try:
+        local = copy.version if copy.root_id == root_id else None
+        plan = history.plan(version, local)
+        snap = _NO_SNAPSHOT
+        if plan.base_kind == "snapshot":
+            copy.set_lineage(None, 0)  # until the restore completes, the files are mixed
+            copy.close(flush=False)
+            checkpoint_id, snap = _restore_snapshot(blobs, config, history, plan, Path(copy.path))
+            copy = open_copy()
+            _check_restored(copy, plan, root_id, history)
+            copy.set_lineage(checkpoint_id, plan.base)
+        elif plan.base_kind == "empty" and (copy.label is not None or copy.root_id):
+            _log.info(
+                "discarding local copy of %s/%s at version %s (dirty=%s, root %s): %s wanted",
+                history.operator, history.partition, copy.label, copy.dirty, copy.root_id,
+                version,
+            )  # fmt: skip
+            copy.destroy()
+            copy = open_copy()
+        replayed_bytes = _replay(blobs, config, copy, plan, history, root_id)
+    except BaseException:
+        copy.close(flush=False)
+        raise
+    info = RestoreInfo(
+        version=version,
+        base=plan.base,
+        base_kind=plan.base_kind,
+        changelogs_replayed=len(plan.replay),
+        bytes_downloaded=replayed_bytes + snap.bytes_downloaded,
+        duration_s=time.perf_counter() - started,
+        files_downloaded=snap.files_downloaded,
+        files_reused=snap.files_reused,
+        bytes_reused=snap.bytes_reused,
+    )
+    if plan.base_kind != "local" or plan.replay:
+        _log.info("restored %s/%s: %s", history.operator, history.partition, info)
+    return copy, info
+
+
+def _restore_snapshot(
+    blobs: BlobStore, config: StoreConfig, history: StoreHistory, plan: RestorePlan, target: Path
+) -> tuple[str, RestoreMetrics]:
+    """Make ``target`` hold the snapshot at ``plan.base``; returns its checkpoint id."""
+    index = load_index(blobs, history.operator, history.partition, plan.base)
+    key = layout.snapshot_index_key(history.operator, history.partition, plan.base)
+    metrics = restore_snapshot(blobs, index, target, io_threads=config.io_threads, index_blob=key)
+    return index.checkpoint_id, metrics
+
+
+def _check_restored(
+    copy: WorkingCopy, plan: RestorePlan, root_id: str, history: StoreHistory
+) -> None:
+    """A restored snapshot must hold the version and root its index claims."""
+    key = layout.snapshot_index_key(history.operator, history.partition, plan.base)
+    if copy.label != plan.base or copy.root_id != root_id:
+        raise CorruptStateError(
+            f"snapshot {key} is not valid: expected the files of version {plan.base} of root "
+            f"{root_id}, found version {copy.label} of root {copy.root_id}"
+        )
+    if copy.dirty:
+        copy.mark_clean()  # a snapshot-mode commit's checkpoint is taken before its index
+
+
+def _replay(
+    blobs: BlobStore,
+    config: StoreConfig,
+    copy: WorkingCopy,
+    plan: RestorePlan,
+    history: StoreHistory,
+    root_id: str,
+) -> int:
+    """Download the plan's changelogs in parallel windows and apply them in order."""
+    if not plan.replay:
+        if copy.label is None:
+            copy.apply((), version=plan.version, root_id=root_id)
+        return 0
+    downloaded = 0
+    window = max(1, config.io_threads * 2)
+    versions = list(plan.replay)
+    for start in range(0, len(versions), window):
+        batch = versions[start : start + window]
+        keys = [layout.changelog_key(history.operator, history.partition, v) for v in batch]
+        for v, key, data in zip(batch, keys, blobs.get_many(keys), strict=True):
+            downloaded += len(data)
+            log = decode_changelog(data, blob=key)
+            if log.header.version != v or log.header.base_version != v - 1:
+                raise CorruptStateError(
+                    f"changelog {key} is not valid: expected versions {v - 1} -> {v}, "
+                    f"found {log.header.base_version} -> {log.header.version}"
+                )
+            copy.apply(log.records, version=v, root_id=root_id)
+    copy.flush()
+    return downloaded

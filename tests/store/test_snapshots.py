@@ -1,0 +1,207 @@
+"""Incremental snapshots: background in changelog mode, every commit in snapshot mode."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+import statekeeper as sk
+from statekeeper import layout
+from statekeeper.snapshot import SnapshotIndex, iter_files
+from statekeeper.storage import BlobStore, LocalBlobStore
+from tests.blobstores import RecordingBlobStore
+
+
+class GatedBlobStore(RecordingBlobStore):
+    """Holds every put of a snapshot file blob until ``gate`` is set."""
+
+    def __init__(self, inner: BlobStore) -> None:
+        super().__init__(inner)
+        self.gate = threading.Event()
+        self.file_put_started = threading.Event()
+
+    def put(
+        self, key: str, data: bytes, *, overwrite: bool = False, if_match: str | None = None
+    ) -> None:
+        if "/files/" in key:
+            self.file_put_started.set()
+            assert self.gate.wait(timeout=60), "the test never opened the gate"
+        super().put(key, data, overwrite=overwrite, if_match=if_match)
+
+
+def _config(tmp: Path, name: str, **kwargs: object) -> sk.StoreConfig:
+    return sk.StoreConfig(local_dir=str(tmp / name), **kwargs)  # type: ignore[arg-type]
+
+
+def _fill(store: sk.StateStore, start: int, count: int, tag: bytes = b"v") -> None:
+    for i in range(start, start + count):
+        store.put(b"key%08d" % i, tag + b"%d" % i * 10)
+
+
+def _state(store: sk.StateStore) -> dict[bytes, bytes]:
+    return dict(store.scan())
+
+
+def test_background_snapshot_every_n_versions_and_restore_from_it(tmp_path: Path) -> None:
+    root = str(tmp_path / "root")
+    backend = sk.StateBackend(root, config=_config(tmp_path, "a", snapshot_every=5))
+    with backend.open("op", 0) as store:
+        infos = []
+        for v in range(12):
+            _fill(store, v * 100, 100)
+            infos.append(store.commit())
+            backend.wait_for_snapshots()  # else the next one is due only when this is done
+        expected = _state(store)
+    backend.wait_for_snapshots()
+    assert [i.version for i in infos if i.snapshot_scheduled] == [5, 10]
+    keys = [m.key for m in backend.blobs.list(layout.snapshot_prefix("op", 0))]
+    assert keys == [layout.snapshot_index_key("op", 0, v) for v in (5, 10)]
+    cold = sk.StateBackend(root, config=_config(tmp_path, "cold"))
+    with cold.open("op", 0) as store:
+        info = store.restore_info
+        assert (info.base_kind, info.base, info.changelogs_replayed) == ("snapshot", 10, 2)
+        assert info.files_downloaded > 0
+        assert _state(store) == expected
+    with cold.open("op", 0, version=7) as store:  # newest snapshot <= 7, then changelogs
+        assert (store.restore_info.base, store.restore_info.changelogs_replayed) == (5, 2)
+        assert len(_state(store)) == 700
+
+
+def test_commit_path_does_not_wait_for_a_snapshot_upload(tmp_path: Path) -> None:
+    blobs = GatedBlobStore(LocalBlobStore(str(tmp_path / "root")))
+    backend = sk.StateBackend(blobs, config=_config(tmp_path, "a", snapshot_every=2))
+    try:
+        with backend.open("op", 0) as store:
+            for v in range(2):
+                _fill(store, v * 10, 10)
+                store.commit()
+            assert blobs.file_put_started.wait(timeout=60)  # the snapshot is uploading
+            for v in range(2, 8):  # ... and is held there: commits still go through
+                _fill(store, v * 10, 10)
+                info = store.commit()
+                assert not info.snapshot_scheduled  # one snapshot per store at a time
+            assert store.version == 8
+            assert not blobs.inner.list(layout.snapshot_prefix("op", 0))
+            blobs.gate.set()
+        backend.wait_for_snapshots()
+        assert [m.key for m in blobs.inner.list(layout.snapshot_prefix("op", 0))] == [
+            layout.snapshot_index_key("op", 0, 2)
+        ]
+    finally:
+        blobs.gate.set()
+        backend.close()
+
+
+def test_snapshot_of_a_few_changed_keys_uploads_only_new_sst_and_mutable_files(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path, "a", snapshot_every=10_000, write_buffer_mb=1)
+    backend = sk.StateBackend(str(tmp_path / "root"), config=config)
+    with backend.open("op", 0) as store:
+        for batch in range(4):  # several SST files, 1 MB memtables
+            _fill(store, batch * 20_000, 20_000)
+            store.commit()
+        first = backend.snapshot("op", 0)
+        assert first is not None
+        for i in range(5):
+            store.put(b"key%08d" % (i * 997), b"changed")
+        store.commit()
+        second = backend.snapshot("op", 0)
+        assert second is not None
+        assert backend.snapshot("op", 0) is None  # that version has one already
+    first_files = _index_files(tmp_path, first.index_blob)
+    second_files = _index_files(tmp_path, second.index_blob)
+    mutable = {n for n in second_files if not n.endswith(".sst")}
+    new_sst = {n for n in second_files if n.endswith(".sst")} - set(first_files)
+    kept_sst = {n for n in second_files if n.endswith(".sst")} & set(first_files)
+    assert len(kept_sst) >= 3
+    assert len(new_sst) >= 1
+    assert second.files_uploaded == len(mutable) + len(new_sst)
+    assert second.files_reused == len(kept_sst)
+    assert all(second_files[n] == first_files[n] for n in kept_sst)  # same blobs referenced
+    assert second.bytes_reused > 10 * second.bytes_uploaded
+
+
+def _index_files(tmp_path: Path, key: str) -> dict[str, tuple[str, ...]]:
+    """File name -> blob ids of a snapshot index."""
+    index = SnapshotIndex.from_json((tmp_path / "root" / key).read_bytes(), blob=key)
+    return {name: tuple(b.blob_id for b in f.blobs) for name, f in iter_files(index.dir_index)}
+
+
+def test_local_copy_at_the_snapshot_skips_remote_restore(tmp_path: Path) -> None:
+    blobs = RecordingBlobStore(LocalBlobStore(str(tmp_path / "root")))
+    backend = sk.StateBackend(blobs, config=_config(tmp_path, "a", snapshot_every=10_000))
+    with backend.open("op", 0) as store:
+        _fill(store, 0, 500)
+        store.commit()
+    assert backend.snapshot("op", 0) is not None
+    blobs.reset()
+    with backend.open("op", 0) as store:
+        assert store.restore_info.base_kind == "local"
+        assert len(_state(store)) == 500
+    assert blobs.counts()["get"] == 0
+
+
+def test_local_copy_ahead_restores_the_snapshot_reusing_identical_files(tmp_path: Path) -> None:
+    backend = sk.StateBackend(
+        str(tmp_path / "root"), config=_config(tmp_path, "a", snapshot_every=10_000)
+    )
+    with backend.open("op", 0) as store:
+        _fill(store, 0, 5000)
+        store.commit()
+        store.snapshot_now()
+        _fill(store, 5000, 10, tag=b"w")
+        store.commit()
+    with backend.open("op", 0, version=1) as store:
+        info = store.restore_info
+        assert (info.base_kind, info.base) == ("snapshot", 1)
+        assert info.files_reused >= 1  # the SST written before version 2 is still there
+        assert len(_state(store)) == 5000
+
+
+@pytest.mark.parametrize("first", ["changelog", "snapshot"])
+def test_switching_mode_keeps_all_state_both_ways(tmp_path: Path, first: str) -> None:
+    root = str(tmp_path / "root")
+    second = "snapshot" if first == "changelog" else "changelog"
+    expected: dict[bytes, bytes] = {}
+    for round_, mode in enumerate([first, second, first]):
+        backend = sk.StateBackend(root, config=_config(tmp_path, f"l{round_}", mode=mode))
+        with backend.open("op", 0) as store:
+            assert _state(store) == expected
+            for v in range(3):
+                key, value = b"k%d-%d" % (round_, v), b"%s" % mode.encode()
+                store.put(key, value)
+                store.delete(b"k%d-%d" % (round_ - 1, v))
+                expected[key] = value
+                expected.pop(b"k%d-%d" % (round_ - 1, v), None)
+                info = store.commit()
+                assert info.snapshot == (mode == "snapshot")
+        backend.close()
+    cold = sk.StateBackend(root, config=_config(tmp_path, "cold"))
+    with cold.open("op", 0) as store:
+        assert store.version == 9
+        assert _state(store) == expected
+    for v in cold.versions("op", 0):
+        with cold.open("op", 0, version=v) as store:
+            assert store.version == v
+
+
+def test_snapshot_mode_commits_are_snapshots_and_conflicts_are_detected(tmp_path: Path) -> None:
+    root = str(tmp_path / "root")
+    a = sk.StateBackend(root, config=_config(tmp_path, "a", mode="snapshot"))
+    b = sk.StateBackend(root, config=_config(tmp_path, "b", mode="snapshot"))
+    first, second = a.open("op", 0), b.open("op", 0)
+    first.put(b"k", b"a")
+    info = first.commit()
+    assert info.blob == layout.snapshot_index_key("op", 0, 1)
+    assert not a.blobs.list(layout.changelog_prefix("op", 0))
+    second.put(b"k", b"b")
+    with pytest.raises(sk.CommitConflictError, match="version 1"):
+        second.commit()
+    first.close()
+    second.close()
+    with b.open("op", 0) as store:  # b's local copy holds an uncommitted version: rebuilt
+        assert store.restore_info.base_kind == "snapshot"
+        assert _state(store) == {b"k": b"a"}
