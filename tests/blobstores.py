@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections import Counter
 from collections.abc import Iterable
 
+from statekeeper.errors import StorageError, TransientStorageError
 from statekeeper.storage import BlobMeta, BlobStore
 from statekeeper.storage._parallel import ParallelTransfers
 
@@ -71,3 +74,46 @@ class RecordingBlobStore(ParallelTransfers):
     def close(self) -> None:
         super().close()
         self.inner.close()
+
+
+class SimulatedCrash(BaseException):
+    """Raised by FaultyBlobStore(kind="crash") in-process; never caught by library code."""
+
+
+class FaultyBlobStore(RecordingBlobStore):
+    """Fails the ``fail_at``-th call (1-based) of operation ``op`` (any operation if None).
+
+    ``kind``: ``"transient"`` raises TransientStorageError, ``"permanent"`` StorageError,
+    ``"kill"`` SIGKILLs this process (for child processes), ``"crash"`` raises
+    SimulatedCrash. ``times`` consecutive calls fail (for retry tests).
+    """
+
+    def __init__(
+        self,
+        inner: BlobStore,
+        *,
+        fail_at: int,
+        kind: str,
+        op: str | None = None,
+        times: int = 1,
+    ) -> None:
+        super().__init__(inner)
+        self.fail_at, self.kind, self.op, self.times = fail_at, kind, op, times
+        self.seen = 0
+
+    def _record(self, op: str, key: str) -> None:
+        super()._record(op, key)
+        if self.op is not None and op != self.op:
+            return
+        with self._lock:
+            self.seen += 1
+            failing = self.fail_at <= self.seen < self.fail_at + self.times
+        if not failing:
+            return
+        if self.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind == "crash":
+            raise SimulatedCrash(f"injected crash at {op} {key} (call {self.seen})")
+        if self.kind == "transient":
+            raise TransientStorageError(f"injected transient failure of {op} {key}")
+        raise StorageError(f"injected permanent failure of {op} {key}")

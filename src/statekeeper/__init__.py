@@ -22,13 +22,17 @@ from statekeeper.errors import (
     StorageError,
     TransientStorageError,
 )
+from statekeeper.gc import GcReport, StoreGc
 from statekeeper.store import CommitInfo, RestoreInfo, StateBackend, StateStore
+from statekeeper.verify import Problem, VerifyReport
 
 __all__ = [
     "CommitConflictError",
     "CommitInfo",
     "ConfigMismatchError",
     "CorruptStateError",
+    "GcReport",
+    "Problem",
     "RestoreInfo",
     "StateBackend",
     "StateKeeperError",
@@ -36,7 +40,9 @@ __all__ = [
     "StateStore",
     "StorageError",
     "StoreConfig",
+    "StoreGc",
     "TransientStorageError",
+    "VerifyReport",
     "__version__",
 ]
 

@@ -12,19 +12,22 @@ from types import TracebackType
 
 from statekeeper import layout
 from statekeeper.config import StoreConfig
-from statekeeper.errors import ConfigMismatchError
+from statekeeper.errors import ConfigMismatchError, StateKeeperError
+from statekeeper.gc import GcReport, collect_garbage
+from statekeeper.history import StoreHistory
 from statekeeper.snapshot import SnapshotMetrics
 from statekeeper.storage import BlobStore, open_blob_store
-from statekeeper.store._history import StoreHistory
 from statekeeper.store._restore import restore_copy
 from statekeeper.store._root import RootRegistry
 from statekeeper.store._snapshots import Snapshotter, remove_stale_checkpoints
 from statekeeper.store._state_store import StateStore
 from statekeeper.store._working_copy import WorkingCopy
+from statekeeper.verify import Progress, VerifyReport, verify_root
 
 __all__ = ["StateBackend"]
 
 _log = logging.getLogger("statekeeper.store")
+_BACKGROUND_GC_BUDGET_S = 10.0
 
 
 class StateBackend:
@@ -71,6 +74,7 @@ class StateBackend:
             )
         self._registry = RootRegistry(self._blobs)
         self._snapshotter = Snapshotter(self._blobs, config)
+        self._snapshotter.after_upload = self._gc_after_snapshot
         self._open_lock = threading.Lock()
         self._open_stores: weakref.WeakValueDictionary[tuple[str, int], StateStore] = (
             weakref.WeakValueDictionary()
@@ -175,6 +179,50 @@ class StateBackend:
             return store.snapshot_now()
         with self.open(name, partition) as store:
             return store.snapshot_now()
+
+    def gc(self, dry_run: bool = False) -> GcReport:
+        """Delete what no retained version needs (see :mod:`statekeeper.gc`).
+
+        Every version among the newest ``retain_versions`` of each store stays restorable;
+        blobs no committed version references are deleted once older than
+        ``orphan_ttl_s``. Safe to run at any time, from any process, repeatedly.
+
+        Raises:
+            StorageError: a listing or delete failed; a later run finishes the job.
+        """
+        return collect_garbage(
+            self._blobs,
+            self._config,
+            self._operators(),
+            dry_run=dry_run,
+            busy=self._snapshotter.uploading(),
+        )
+
+    def verify(self, deep: bool = True, progress: Progress | None = None) -> VerifyReport:
+        """Check every reference and, with ``deep``, every checksum of every store.
+
+        Raises:
+            StorageError: a listing or read failed for a reason other than a missing blob.
+        """
+        return verify_root(self._blobs, self._operators(), deep=deep, progress=progress)
+
+    def _operators(self) -> list[str]:
+        meta = self._registry.read()
+        return [] if meta is None else sorted(meta.operators)
+
+    def _gc_after_snapshot(self, name: str, partition: int) -> None:
+        """Background maintenance: collect one store's garbage, bounded in time."""
+        try:
+            collect_garbage(
+                self._blobs,
+                self._config,
+                [name],
+                only=(name, partition),
+                busy=self._snapshotter.uploading(),
+                budget_s=_BACKGROUND_GC_BUDGET_S,
+            )
+        except StateKeeperError as exc:
+            _log.warning("background gc of %s/%s failed: %s", name, partition, exc)
 
     def wait_for_snapshots(self) -> None:
         """Block until every background snapshot scheduled so far has finished."""

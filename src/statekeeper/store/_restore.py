@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -10,10 +11,10 @@ from pathlib import Path
 from statekeeper import layout
 from statekeeper.changelog import decode_changelog
 from statekeeper.config import StoreConfig
-from statekeeper.errors import CorruptStateError
+from statekeeper.errors import CorruptStateError, StateNotFoundError
+from statekeeper.history import RestorePlan, StoreHistory
 from statekeeper.snapshot import RestoreMetrics, load_index, restore_snapshot
 from statekeeper.storage import BlobStore
-from statekeeper.store._history import RestorePlan, StoreHistory
 from statekeeper.store._state_store import RestoreInfo
 from statekeeper.store._working_copy import WorkingCopy
 
@@ -47,30 +48,33 @@ def restore_copy(
         StorageError: the blob store failed.
     """
     started = time.perf_counter()
-    copy = open_copy()
-    try:
-        local = copy.version if copy.root_id == root_id else None
-        plan = history.plan(version, local)
-        snap = _NO_SNAPSHOT
-        if plan.base_kind == "snapshot":
-            copy.set_lineage(None, 0)  # until the restore completes, the files are mixed
+    while True:
+        copy = open_copy()
+        try:
+            plan = history.plan(version, copy.version if copy.root_id == root_id else None)
+            snap = _NO_SNAPSHOT
+            if plan.base_kind == "snapshot":
+                try:
+                    copy, snap = _from_snapshot(
+                        blobs, config, history, plan, copy, open_copy, root_id
+                    )
+                except (CorruptStateError, StateNotFoundError) as exc:
+                    history = _without_snapshot(history, plan.base, exc)
+                    continue  # _from_snapshot removed the half-restored copy
+            elif plan.base_kind == "empty" and (copy.label is not None or copy.root_id):
+                _log.info(
+                    "discarding local copy of %s/%s at version %s (dirty=%s, root %s): "
+                    "%s wanted",
+                    history.operator, history.partition, copy.label, copy.dirty,
+                    copy.root_id, version,
+                )  # fmt: skip
+                copy.destroy()
+                copy = open_copy()
+            replayed_bytes = _replay(blobs, config, copy, plan, history, root_id)
+        except BaseException:
             copy.close(flush=False)
-            checkpoint_id, snap = _restore_snapshot(blobs, config, history, plan, Path(copy.path))
-            copy = open_copy()
-            _check_restored(copy, plan, root_id, history)
-            copy.set_lineage(checkpoint_id, plan.base)
-        elif plan.base_kind == "empty" and (copy.label is not None or copy.root_id):
-            _log.info(
-                "discarding local copy of %s/%s at version %s (dirty=%s, root %s): %s wanted",
-                history.operator, history.partition, copy.label, copy.dirty, copy.root_id,
-                version,
-            )  # fmt: skip
-            copy.destroy()
-            copy = open_copy()
-        replayed_bytes = _replay(blobs, config, copy, plan, history, root_id)
-    except BaseException:
-        copy.close(flush=False)
-        raise
+            raise
+        break
     info = RestoreInfo(
         version=version,
         base=plan.base,
@@ -85,6 +89,46 @@ def restore_copy(
     if plan.base_kind != "local" or plan.replay:
         _log.info("restored %s/%s: %s", history.operator, history.partition, info)
     return copy, info
+
+
+def _without_snapshot(history: StoreHistory, version: int, exc: Exception) -> StoreHistory:
+    """Plan again without an unusable snapshot (invariant 6: a logged fallback)."""
+    _log.warning(
+        "snapshot %s of store %s/%s is unusable, falling back to an older snapshot or the "
+        "changelogs: %s",
+        version, history.operator, history.partition, exc,
+    )  # fmt: skip
+    return dataclasses.replace(history, snapshots=history.snapshots - {version})
+
+
+def _from_snapshot(
+    blobs: BlobStore,
+    config: StoreConfig,
+    history: StoreHistory,
+    plan: RestorePlan,
+    copy: WorkingCopy,
+    open_copy: Callable[[], WorkingCopy],
+    root_id: str,
+) -> tuple[WorkingCopy, RestoreMetrics]:
+    """Restore the snapshot into the copy's directory and reopen it.
+
+    On a missing or corrupt blob the half-restored copy is removed before raising.
+    """
+    copy.set_lineage(None, 0)  # until the restore completes, the files are mixed
+    copy.close(flush=False)
+    try:
+        checkpoint_id, snap = _restore_snapshot(blobs, config, history, plan, Path(copy.path))
+    except (CorruptStateError, StateNotFoundError):
+        copy.destroy()
+        raise
+    copy = open_copy()
+    try:
+        _check_restored(copy, plan, root_id, history)
+    except CorruptStateError:
+        copy.destroy()
+        raise
+    copy.set_lineage(checkpoint_id, plan.base)
+    return copy, snap
 
 
 def _restore_snapshot(

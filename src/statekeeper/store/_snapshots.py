@@ -13,6 +13,7 @@ import logging
 import shutil
 import threading
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -73,6 +74,14 @@ class Snapshotter:
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._running: dict[tuple[str, int], Future[SnapshotMetrics | None]] = {}
+        self._uploading: dict[tuple[str, int], int] = {}
+        self.after_upload: Callable[[str, int], None] | None = None
+        """Called (on the background thread) after each background snapshot upload."""
+
+    def uploading(self) -> frozenset[tuple[str, int]]:
+        """Stores with a snapshot upload in flight in this process (for GC)."""
+        with self._pool_lock:
+            return frozenset(k for k, n in self._uploading.items() if n)
 
     def schedule(self, job: SnapshotJob) -> Future[SnapshotMetrics | None] | None:
         """Run ``job`` in the background; ``None`` if one for that store is still running."""
@@ -103,7 +112,10 @@ class Snapshotter:
 
     def _run_logged(self, job: SnapshotJob) -> SnapshotMetrics | None:
         try:
-            return self.run(job)
+            metrics = self.run(job)
+            if metrics is not None and self.after_upload is not None:
+                self.after_upload(job.operator, job.partition)
+            return metrics
         except Exception:
             # A failed background snapshot loses nothing: the changelogs still hold every
             # version. It is retried at the next interval.
@@ -123,6 +135,9 @@ class Snapshotter:
         if taken is None:
             return None
         path, version = taken
+        key = (job.operator, job.partition)
+        with self._pool_lock:
+            self._uploading[key] = self._uploading.get(key, 0) + 1
         try:
             return self._upload(job, path, version)
         except CommitConflictError:
@@ -131,6 +146,8 @@ class Snapshotter:
                 return None
             raise
         finally:
+            with self._pool_lock:
+                self._uploading[key] -= 1
             release_checkpoint(path)
 
     def _upload(self, job: SnapshotJob, path: Path, version: int) -> SnapshotMetrics:
@@ -152,29 +169,24 @@ class Snapshotter:
     def _previous(self, job: SnapshotJob, version: int) -> tuple[SnapshotIndex | None, bool]:
         """The index to diff against, and whether its file names can be trusted.
 
-        Names are trusted only for the snapshot the copy itself descends from; any other
+        Only the newest snapshot below ``version`` is diffed against: garbage collection
+        always keeps it and its files, so the new index never references a deleted blob.
+        Its names are trusted only if the copy itself descends from it; any other
         snapshot (say, written by another host) is diffed by name, size and checksum.
         """
-        lineage = job.copy.lineage
-        if lineage is not None and lineage[1] < version:
-            try:
-                index = load_index(self._blobs, job.operator, job.partition, lineage[1])
-            except StateNotFoundError:
-                pass  # removed by GC: fall back to the newest snapshot
-            else:
-                if index.checkpoint_id == lineage[0]:
-                    return index, True
         older = [
             v
             for meta in self._blobs.list(layout.snapshot_prefix(job.operator, job.partition))
             if (v := layout.parse_snapshot_key(meta.key)) is not None and v < version
         ]
-        for v in sorted(older, reverse=True):
-            try:
-                return load_index(self._blobs, job.operator, job.partition, v), False
-            except StateNotFoundError:
-                continue
-        return None, False
+        if not older:
+            return None, False
+        try:
+            index = load_index(self._blobs, job.operator, job.partition, max(older))
+        except StateNotFoundError:
+            return None, False  # deleted since the listing: upload everything
+        lineage = job.copy.lineage
+        return index, lineage is not None and lineage[0] == index.checkpoint_id
 
 
 def remove_stale_checkpoints(copy_path: str) -> None:

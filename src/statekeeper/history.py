@@ -12,7 +12,7 @@ from statekeeper import layout
 from statekeeper.errors import StateNotFoundError
 from statekeeper.storage import BlobStore
 
-__all__ = ["RestorePlan", "StoreHistory"]
+__all__ = ["RestorePlan", "StoreHistory", "ranges"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class StoreHistory:
         """The newest snapshot version, if any."""
         return max(self.snapshots) if self.snapshots else None
 
-    def _bases(self) -> list[int]:
+    def bases(self) -> list[int]:
         """Versions a rebuild can start from without a local copy."""
         bases = set(self.snapshots)
         if 1 in self.changelogs or not (self.changelogs or self.snapshots):
@@ -79,7 +79,7 @@ class StoreHistory:
     def restorable_versions(self) -> list[int]:
         """Every version that can be rebuilt from the blob store alone, ascending."""
         out: set[int] = set()
-        for base in self._bases():
+        for base in self.bases():
             out.update(range(base, self._chain_end(base) + 1))
         return sorted(out)
 
@@ -93,7 +93,7 @@ class StoreHistory:
         if not versions:
             raise StateNotFoundError(
                 f"store {self.operator}/{self.partition} has no restorable version: "
-                f"changelogs {_ranges(self.changelogs)} exist, but none starts at version 1"
+                f"changelogs {ranges(self.changelogs)} exist, but none starts at version 1"
             )
         return versions[-1]
 
@@ -111,7 +111,7 @@ class StoreHistory:
         candidates: list[tuple[int, int, str]] = []
         if local_version is not None and local_version <= version <= self._chain_end(local_version):
             candidates.append((local_version, 2, "local"))
-        for base in self._bases():
+        for base in self.bases():
             if base <= version <= self._chain_end(base):
                 candidates.append((base, 1, "snapshot" if base in self.snapshots else "empty"))
         if candidates:
@@ -119,11 +119,11 @@ class StoreHistory:
             return RestorePlan(version, base, kind, tuple(range(base + 1, version + 1)))
         raise StateNotFoundError(
             f"version {version} of store {self.operator}/{self.partition} does not exist: "
-            f"restorable versions are {_ranges(set(self.restorable_versions())) or 'none'}"
+            f"restorable versions are {ranges(set(self.restorable_versions())) or 'none'}"
         )
 
 
-def _ranges(values: set[int] | frozenset[int]) -> str:
+def ranges(values: set[int] | frozenset[int]) -> str:
     """Render ``{0,1,2,5}`` as ``0-2, 5`` for error messages."""
     if not values:
         return ""

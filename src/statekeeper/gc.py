@@ -1,0 +1,263 @@
+"""Garbage collection: keep every retained version restorable, delete the rest.
+
+Reachability is re-derived from the blob store on every run (the Samza design's REMOVE_TTL
+step, expressed as "delete only what is unreachable and old"), so a run that dies half way
+is completed by the next one, and nothing depends on in-memory state.
+
+Per store, with ``latest`` its newest restorable version and ``oldest = latest -
+retain_versions + 1``:
+
+* the *base* is the newest snapshot at or below ``oldest`` from which the changelogs reach
+  ``latest`` (or the empty store, version 0, when there is none: then nothing is expired);
+* kept: changelogs after the base, snapshot indexes from the base on, and every file blob
+  those indexes reference;
+* expired (deleted at once): changelogs up to the base, indexes before it;
+* file blobs referenced only by expired indexes are deleted at once: a new snapshot only
+  ever reuses files of the newest snapshot, which is always kept;
+* file blobs no index references (orphans of snapshots that died half way, or still
+  uploading) are deleted only once older than ``orphan_ttl_s`` and not part of a snapshot
+  this process is uploading, so an upload in flight never loses its files.
+
+Deletion order makes a crash at any point harmless: indexes and changelogs go first, so no
+listed snapshot ever references a deleted file.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from statekeeper import layout
+from statekeeper.config import StoreConfig
+from statekeeper.errors import StateKeeperError, StateNotFoundError
+from statekeeper.history import StoreHistory
+from statekeeper.snapshot import load_index, referenced_blob_ids
+from statekeeper.storage import BlobMeta, BlobStore
+
+__all__ = ["GcReport", "StoreGc", "collect_garbage"]
+
+_log = logging.getLogger("statekeeper.gc")
+
+
+@dataclass
+class StoreGc:
+    """What garbage collection did (or would do) to one store."""
+
+    store: str
+    latest: int | None = None
+    oldest_retained: int | None = None
+    base: int | None = None
+    deleted_blobs: int = 0
+    deleted_bytes: int = 0
+    kept_blobs: int = 0
+    kept_bytes: int = 0
+    skipped: str | None = None
+    """Why the store was left alone, if it was."""
+
+
+@dataclass
+class GcReport:
+    """The result of one garbage collection run over a root."""
+
+    dry_run: bool
+    stores: dict[str, StoreGc] = field(default_factory=dict)
+    deleted_keys: list[str] = field(default_factory=list)
+    duration_s: float = 0.0
+    complete: bool = True
+    """False when the time budget ran out before every store was visited."""
+
+    @property
+    def deleted_blobs(self) -> int:
+        """Blobs deleted (or that would be) in all stores."""
+        return sum(s.deleted_blobs for s in self.stores.values())
+
+    @property
+    def deleted_bytes(self) -> int:
+        """Bytes deleted (or that would be) in all stores."""
+        return sum(s.deleted_bytes for s in self.stores.values())
+
+
+def collect_garbage(
+    blobs: BlobStore,
+    config: StoreConfig,
+    operators: Iterable[str],
+    *,
+    dry_run: bool = False,
+    only: tuple[str, int] | None = None,
+    busy: frozenset[tuple[str, int]] = frozenset(),
+    budget_s: float | None = None,
+    now: float | None = None,
+) -> GcReport:
+    """Collect garbage in every store of ``operators`` (or only the store ``only``).
+
+    Args:
+        blobs: the root's blob store.
+        config: retention (``retain_versions``) and grace (``orphan_ttl_s``).
+        operators: operator names to visit.
+        dry_run: report what would be deleted, delete nothing.
+        only: restrict the run to one (operator, partition).
+        busy: stores with a snapshot upload in flight in this process: their unreferenced
+            blobs are kept whatever their age.
+        budget_s: stop visiting further stores after this many seconds.
+        now: the current time (seconds since the epoch), for tests.
+
+    Raises:
+        StorageError: a listing or a delete failed (what was deleted stays deleted; a
+            later run finishes the job).
+    """
+    started = time.monotonic()
+    now = time.time() if now is None else now
+    report = GcReport(dry_run=dry_run)
+    for operator in operators:
+        for partition, metas in _store_blobs(blobs, operator, only).items():
+            if budget_s is not None and time.monotonic() - started > budget_s:
+                report.complete = False
+                break
+            store_report, doomed = _plan_store(
+                blobs, config, operator, partition, metas, now, (operator, partition) in busy
+            )
+            report.stores[store_report.store] = store_report
+            if not dry_run:
+                _delete_in_order(blobs, doomed)
+            report.deleted_keys.extend(doomed)
+    if not dry_run and only is None:
+        report.deleted_keys.extend(_expire_epochs(blobs, config))
+    report.duration_s = time.monotonic() - started
+    _log.info(
+        "gc%s: %d blobs, %d bytes %s in %d stores (%.2fs)",
+        " (dry run)" if dry_run else "",
+        report.deleted_blobs,
+        report.deleted_bytes,
+        "would be deleted" if dry_run else "deleted",
+        len(report.stores),
+        report.duration_s,
+    )
+    return report
+
+
+def _store_blobs(
+    blobs: BlobStore, operator: str, only: tuple[str, int] | None
+) -> dict[int, list[BlobMeta]]:
+    """Every blob of each store of ``operator``, by partition (one listing)."""
+    if only is not None:
+        if only[0] != operator:
+            return {}
+        return {only[1]: blobs.list(layout.store_prefix(*only))}
+    by_partition: dict[int, list[BlobMeta]] = defaultdict(list)
+    prefix = f"{layout.validate_operator(operator)}/"
+    for meta in blobs.list(prefix):
+        head = meta.key[len(prefix) :].split("/", 1)[0]
+        if head.isdigit():
+            by_partition[int(head)].append(meta)
+    return dict(sorted(by_partition.items()))
+
+
+def _plan_store(
+    blobs: BlobStore,
+    config: StoreConfig,
+    operator: str,
+    partition: int,
+    metas: list[BlobMeta],
+    now: float,
+    busy: bool,
+) -> tuple[StoreGc, list[str]]:
+    """Decide what to delete in one store; returns the report and the doomed keys."""
+    report = StoreGc(store=f"{operator}/{partition}")
+    changelogs = {v: m for m in metas if (v := layout.parse_changelog_key(m.key)) is not None}
+    indexes = {v: m for m in metas if (v := layout.parse_snapshot_key(m.key)) is not None}
+    files = [m for m in metas if m.key.startswith(layout.files_prefix(operator, partition))]
+    history = StoreHistory(operator, partition, frozenset(changelogs), frozenset(indexes))
+    try:
+        report.latest = history.latest()
+    except StateNotFoundError as exc:
+        report.skipped = f"nothing restorable, left untouched: {exc}"
+        _log.warning("gc skipped store %s: %s", report.store, exc)
+        return report, []
+    restorable = history.restorable_versions()
+    report.oldest_retained = min(
+        v for v in restorable if v > report.latest - config.retain_versions
+    )
+    report.base = history.plan(report.oldest_retained, None).base
+    try:
+        kept_indexes = [v for v in indexes if v >= report.base]
+        referenced = _referenced(blobs, operator, partition, kept_indexes)
+    except StateKeeperError as exc:
+        report.skipped = f"a retained snapshot index cannot be read, left untouched: {exc}"
+        _log.warning("gc skipped store %s: %s", report.store, exc)
+        return report, []
+    expired = _expired_references(
+        blobs, operator, partition, [v for v in indexes if v < report.base]
+    )
+    doomed: list[BlobMeta] = [m for v, m in changelogs.items() if v <= report.base]
+    doomed += [m for v, m in indexes.items() if v < report.base]
+    for m in files:
+        blob_id = m.key.rsplit("/", 1)[-1]
+        if blob_id in referenced:
+            continue
+        # Files of expired snapshots go now (a new snapshot only ever reuses files of the
+        # newest one, which is kept); orphans wait out the grace period.
+        if blob_id in expired or (not busy and now - m.last_modified >= config.orphan_ttl_s):
+            doomed.append(m)
+    doomed_keys = {m.key for m in doomed}
+    for m in metas:
+        if m.key in doomed_keys:
+            report.deleted_blobs += 1
+            report.deleted_bytes += m.size
+        else:
+            report.kept_blobs += 1
+            report.kept_bytes += m.size
+    return report, _ordered(doomed_keys)
+
+
+def _referenced(blobs: BlobStore, operator: str, partition: int, versions: list[int]) -> set[str]:
+    """Blob ids referenced by the snapshot indexes of ``versions``."""
+    referenced: set[str] = set()
+    for version in versions:
+        referenced |= referenced_blob_ids(load_index(blobs, operator, partition, version))
+    return referenced
+
+
+def _expired_references(
+    blobs: BlobStore, operator: str, partition: int, versions: list[int]
+) -> set[str]:
+    """Blob ids referenced by expired snapshot indexes (unreadable ones are skipped: their
+    files are then orphans, collected after the grace period)."""
+    referenced: set[str] = set()
+    for version in versions:
+        try:
+            referenced |= referenced_blob_ids(load_index(blobs, operator, partition, version))
+        except StateKeeperError as exc:
+            _log.info(
+                "expired snapshot %s of %s/%s not readable: %s", version, operator, partition, exc
+            )
+    return referenced
+
+
+def _ordered(keys: set[str]) -> list[str]:
+    """Indexes and changelogs before file blobs: no listed index ever misses a file."""
+    return sorted(keys, key=lambda k: ("/files/" in k, k))
+
+
+def _delete_in_order(blobs: BlobStore, keys: list[str]) -> None:
+    metadata = [k for k in keys if "/files/" not in k]
+    if metadata:
+        blobs.delete_many(metadata)
+    files = [k for k in keys if "/files/" in k]
+    if files:
+        blobs.delete_many(files)
+
+
+def _expire_epochs(blobs: BlobStore, config: StoreConfig) -> list[str]:
+    """Delete epoch manifests beyond the newest ``retain_versions``."""
+    epochs = sorted(
+        (e, m.key)
+        for m in blobs.list(layout.epochs_prefix())
+        if (e := layout.parse_epoch_key(m.key)) is not None
+    )
+    doomed = [key for _, key in epochs[: max(0, len(epochs) - config.retain_versions)]]
+    if doomed:
+        blobs.delete_many(doomed)
+    return doomed

@@ -1,0 +1,259 @@
+"""Verification of a checkpoint root: every reference, and with ``deep`` every checksum.
+
+Shallow checks read only headers and listings: every changelog's header and size, every
+snapshot index (parsed strictly), every file blob an index references (present, with the
+chunk size the index implies), and that every committed version is restorable. Deep checks
+download everything and verify every CRC32C: changelog envelopes and whole files against
+their index.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import google_crc32c
+
+from statekeeper import layout
+from statekeeper.changelog import HEADER_SIZE, decode_changelog, read_header
+from statekeeper.errors import CorruptStateError, StateKeeperError, StateNotFoundError
+from statekeeper.history import StoreHistory, ranges
+from statekeeper.snapshot import FileIndex, SnapshotIndex, iter_files
+from statekeeper.storage import BlobMeta, BlobStore
+
+__all__ = ["Problem", "VerifyReport", "verify_root"]
+
+_log = logging.getLogger("statekeeper.verify")
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a root."""
+
+    store: str
+    blob: str
+    kind: str
+    """``"missing"``, ``"corrupt"`` or ``"unrestorable"``."""
+    message: str
+
+
+@dataclass
+class VerifyReport:
+    """The result of :func:`verify_root`."""
+
+    deep: bool
+    problems: list[Problem] = field(default_factory=list)
+    stores: int = 0
+    blobs_checked: int = 0
+    bytes_checked: int = 0
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True when no problem was found."""
+        return not self.problems
+
+
+def verify_root(
+    blobs: BlobStore,
+    operators: Iterable[str],
+    *,
+    deep: bool = True,
+    progress: Progress | None = None,
+) -> VerifyReport:
+    """Check every store of ``operators`` in the root.
+
+    Args:
+        blobs: the root's blob store.
+        operators: operator names (from the root metadata).
+        deep: also download every blob and verify every checksum.
+        progress: called with (blobs done, blobs in total) as the check advances.
+
+    Raises:
+        StorageError: a listing or read failed for a reason other than a missing blob.
+    """
+    started = time.monotonic()
+    report = VerifyReport(deep=deep)
+    stores = [(op, p, metas) for op in operators for p, metas in _by_partition(blobs, op).items()]
+    total = sum(len(metas) for _, _, metas in stores)
+    for operator, partition, metas in stores:
+        report.stores += 1
+        _StoreCheck(blobs, operator, partition, metas, report, deep).run(progress, total)
+    report.duration_s = time.monotonic() - started
+    _log.info(
+        "verify%s: %d stores, %d blobs, %d bytes checked, %d problems (%.2fs)",
+        " --deep" if deep else "",
+        report.stores,
+        report.blobs_checked,
+        report.bytes_checked,
+        len(report.problems),
+        report.duration_s,
+    )
+    return report
+
+
+def _by_partition(blobs: BlobStore, operator: str) -> dict[int, list[BlobMeta]]:
+    prefix = f"{layout.validate_operator(operator)}/"
+    out: dict[int, list[BlobMeta]] = {}
+    for meta in blobs.list(prefix):
+        head = meta.key[len(prefix) :].split("/", 1)[0]
+        if head.isdigit():
+            out.setdefault(int(head), []).append(meta)
+    return dict(sorted(out.items()))
+
+
+class _StoreCheck:
+    """The checks of one store; problems are appended to the shared report."""
+
+    def __init__(
+        self,
+        blobs: BlobStore,
+        operator: str,
+        partition: int,
+        metas: list[BlobMeta],
+        report: VerifyReport,
+        deep: bool,
+    ) -> None:
+        self.blobs, self.operator, self.partition = blobs, operator, partition
+        self.store = f"{operator}/{partition}"
+        self.metas = {m.key: m for m in metas}
+        self.report, self.deep = report, deep
+        self.done = 0
+
+    def problem(self, blob: str, kind: str, message: str) -> None:
+        self.report.problems.append(Problem(self.store, blob, kind, message))
+
+    def run(self, progress: Progress | None, total: int) -> None:
+        changelogs = {v: k for k in self.metas if (v := layout.parse_changelog_key(k)) is not None}
+        indexes = {v: k for k in self.metas if (v := layout.parse_snapshot_key(k)) is not None}
+        prev_keys: set[str] = set()
+        for key in indexes.values():
+            index = self._load_index(key)
+            self._advance(progress, total)
+            if index is not None:
+                if index.prev_snapshot_index_blob_id:
+                    prev_keys.add(index.prev_snapshot_index_blob_id)
+                for rel, entry in iter_files(index.dir_index):
+                    self._check_file(key, rel, entry)
+        for key in changelogs.values():
+            self._check_changelog(key)
+            self._advance(progress, total)
+        self._check_restorable(changelogs, indexes, prev_keys - set(self.metas))
+        self.done = len(self.metas)
+        if progress is not None:
+            progress(self.report.blobs_checked, total)
+
+    def _advance(self, progress: Progress | None, total: int) -> None:
+        if progress is not None:
+            progress(self.report.blobs_checked, total)
+
+    def _check_restorable(
+        self, changelogs: dict[int, str], indexes: dict[int, str], missing_prev: set[str]
+    ) -> None:
+        history = StoreHistory(
+            self.operator, self.partition, frozenset(changelogs), frozenset(indexes)
+        )
+        committed = set(changelogs) | set(indexes)
+        lost = committed - set(history.restorable_versions())
+        if lost:
+            # Versions in neither set, below a lost one: their changelogs are the gap.
+            low = max((b for b in history.bases() if b < min(lost)), default=0)
+            for v in range(low + 1, max(lost)):
+                if v not in committed:
+                    key = layout.changelog_key(self.operator, self.partition, v)
+                    self.problem(key, "missing", f"store {self.store}: changelog {key} is missing")
+            for key in sorted(missing_prev):  # a newer snapshot names it as its predecessor
+                if (layout.parse_snapshot_key(key) or 0) < min(lost):
+                    self.problem(key, "missing", f"store {self.store}: snapshot {key} is missing")
+            self.problem(
+                layout.changelog_prefix(self.operator, self.partition),
+                "unrestorable",
+                f"store {self.store}: versions {ranges(lost)} are committed but cannot be "
+                "restored (a changelog or snapshot they need is missing)",
+            )
+
+    def _check_changelog(self, key: str) -> None:
+        size = self.metas[key].size
+        try:
+            if self.deep:
+                data = self.blobs.get(key)
+                decode_changelog(data, blob=key)
+                self.report.bytes_checked += len(data)
+            else:
+                header = read_header(self.blobs.get_range(key, 0, HEADER_SIZE), blob=key)
+                if header.blob_length != size:
+                    raise CorruptStateError(
+                        f"changelog {key} is not valid: expected {header.blob_length} bytes "
+                        f"from its header, found {size}"
+                    )
+        except StateNotFoundError as exc:
+            self.problem(key, "missing", f"store {self.store}: {exc}")
+        except CorruptStateError as exc:
+            self.problem(key, "corrupt", f"store {self.store}: {exc}")
+        self.report.blobs_checked += 1
+
+    def _load_index(self, key: str) -> SnapshotIndex | None:
+        self.report.blobs_checked += 1
+        try:
+            data = self.blobs.get(key)
+            self.report.bytes_checked += len(data)
+            index = SnapshotIndex.from_json(data, blob=key)
+        except StateNotFoundError as exc:
+            self.problem(key, "missing", f"store {self.store}: {exc}")
+            return None
+        except CorruptStateError as exc:
+            self.problem(key, "corrupt", f"store {self.store}: {exc}")
+            return None
+        meta = index.metadata
+        expected = (self.operator, self.partition, layout.parse_snapshot_key(key))
+        if (meta.operator, meta.partition, meta.version) != expected:
+            self.problem(
+                key,
+                "corrupt",
+                f"store {self.store}: snapshot index {key} describes "
+                f"{meta.operator}/{meta.partition}@{meta.version}, expected {expected}",
+            )
+        return index
+
+    def _check_file(self, index_key: str, rel: str, entry: FileIndex) -> None:
+        keys = [layout.file_blob_key(self.operator, self.partition, b.blob_id) for b in entry.blobs]
+        sizes = entry.chunk_sizes()
+        for key, size in zip(keys, sizes, strict=True):
+            meta = self.metas.get(key)
+            if meta is None:
+                self.problem(
+                    key, "missing", f"file {rel} of snapshot {index_key}: {key} is missing"
+                )
+            elif meta.size != size:
+                self.problem(
+                    key,
+                    "corrupt",
+                    f"file {rel} of snapshot {index_key}: {key} holds {meta.size} bytes, "
+                    f"expected {size}",
+                )
+        if self.deep and all(k in self.metas for k in keys):
+            self._check_file_crc(index_key, rel, entry, keys)
+        elif not self.deep:
+            self.report.blobs_checked += len(keys)  # checked against the listing
+
+    def _check_file_crc(self, index_key: str, rel: str, entry: FileIndex, keys: list[str]) -> None:
+        crc = 0
+        try:
+            for data in self.blobs.get_many(keys):
+                crc = google_crc32c.extend(crc, data)
+                self.report.bytes_checked += len(data)
+        except StateKeeperError as exc:
+            self.problem(keys[0], "missing", f"file {rel} of snapshot {index_key}: {exc}")
+            return
+        self.report.blobs_checked += len(keys)
+        if crc != entry.crc:
+            self.problem(
+                keys[0] if len(keys) == 1 else ", ".join(keys),
+                "corrupt",
+                f"file {rel} of snapshot {index_key}: CRC32C expected {entry.crc:#010x}, "
+                f"found {crc:#010x} (blobs {', '.join(keys)})",
+            )

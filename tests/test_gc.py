@@ -1,0 +1,193 @@
+"""Garbage collection: retention, orphans with a grace TTL, and the upload race."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+import statekeeper as sk
+from statekeeper import layout
+from statekeeper.snapshot import SnapshotIndex, referenced_blob_ids
+from statekeeper.storage import BlobStore, LocalBlobStore
+from tests.blobstores import FaultyBlobStore, RecordingBlobStore, SimulatedCrash
+
+
+def _value(v: int, k: int) -> bytes:
+    return b"v%d-%d" % (v, k)
+
+
+def _commit_many(backend: sk.StateBackend, count: int) -> None:
+    """Version v puts keys v % 50 and (v * 7) % 50, and deletes (v * 3) % 50."""
+    with backend.open("op", 0, partitions=1) as store:
+        for v in range(store.version + 1, store.version + count + 1):
+            store.put(b"k%02d" % (v % 50), _value(v, 0))
+            store.put(b"k%02d" % (v * 7 % 50), _value(v, 1))
+            store.delete(b"k%02d" % (v * 3 % 50))
+            store.commit()
+            if v % 10 == 0:
+                backend.wait_for_snapshots()  # deterministic: one snapshot every 10
+
+
+def _expected(version: int) -> dict[bytes, bytes]:
+    state: dict[bytes, bytes] = {}
+    for v in range(1, version + 1):
+        state[b"k%02d" % (v % 50)] = _value(v, 0)
+        state[b"k%02d" % (v * 7 % 50)] = _value(v, 1)
+        state.pop(b"k%02d" % (v * 3 % 50), None)
+    return state
+
+
+def _config(tmp: Path, name: str, **kwargs: object) -> sk.StoreConfig:
+    base: dict[str, object] = {"local_dir": str(tmp / name), "snapshot_every": 10}
+    base.update(kwargs)
+    return sk.StoreConfig(**base)  # type: ignore[arg-type]
+
+
+def _referenced_files(blobs: BlobStore) -> set[str]:
+    ids: set[str] = set()
+    for meta in blobs.list(layout.snapshot_prefix("op", 0)):
+        ids |= referenced_blob_ids(SnapshotIndex.from_json(blobs.get(meta.key), blob=meta.key))
+    return {layout.file_blob_key("op", 0, i) for i in ids}
+
+
+def test_gc_on_300_versions_keeps_the_last_100_restorable(tmp_path: Path) -> None:
+    root = str(tmp_path / "root")
+    config = _config(tmp_path, "w", retain_versions=100, orphan_ttl_s=3600)
+    writer = sk.StateBackend(root, config=config)
+    # no background gc while writing: retain everything until the explicit run
+    writer._snapshotter.after_upload = None
+    _commit_many(writer, 300)
+    before = {m.key for m in writer.blobs.list("")}
+    dry = writer.gc(dry_run=True)
+    assert {m.key for m in writer.blobs.list("")} == before  # a dry run deletes nothing
+    report = writer.gc()
+    store = report.stores["op/0"]
+    assert (store.latest, store.oldest_retained, store.base) == (300, 201, 200)
+    assert sorted(report.deleted_keys) == sorted(dry.deleted_keys)
+    assert store.deleted_blobs == dry.stores["op/0"].deleted_blobs > 200
+    after = {m.key for m in writer.blobs.list("")}
+    assert after == before - set(report.deleted_keys)
+    assert layout.changelog_key("op", 0, 200) not in after
+    assert layout.changelog_key("op", 0, 201) in after
+    assert layout.snapshot_index_key("op", 0, 190) not in after
+    assert layout.snapshot_index_key("op", 0, 200) in after
+    assert {k for k in after if "/files/" in k} == _referenced_files(writer.blobs)
+    cold = sk.StateBackend(root, config=_config(tmp_path, "cold"))
+    assert cold.versions("op", 0) == list(range(200, 301))
+    for version in (200, 201, 255, 300):
+        with cold.open("op", 0, version=version) as s:
+            assert dict(s.scan()) == _expected(version)
+    with pytest.raises(sk.StateNotFoundError, match="version 150"):
+        cold.open("op", 0, version=150)
+    assert cold.verify(deep=True).ok
+    assert writer.gc().deleted_blobs == 0  # idempotent
+
+
+def test_orphans_are_deleted_only_after_the_ttl(tmp_path: Path) -> None:
+    root = str(tmp_path / "root")
+    backend = sk.StateBackend(root, config=_config(tmp_path, "a", orphan_ttl_s=3600))
+    _commit_many(backend, 12)
+    orphan = layout.file_blob_key("op", 0, "deadbeef" * 4)  # a snapshot that died half way
+    backend.blobs.put(orphan, b"half an upload")
+    assert orphan not in backend.gc().deleted_keys
+    assert backend.blobs.head(orphan).size == 14
+    expired = sk.StateBackend(root, config=_config(tmp_path, "b", orphan_ttl_s=0))
+    assert expired.gc().deleted_keys == [orphan]
+    with expired.open("op", 0) as store:
+        assert dict(store.scan()) == _expected(12)
+
+
+class _Gate(RecordingBlobStore):
+    def __init__(self, inner: BlobStore) -> None:
+        super().__init__(inner)
+        self.gate, self.started = threading.Event(), threading.Event()
+        self.file_puts = 0
+
+    def put(
+        self, key: str, data: bytes, *, overwrite: bool = False, if_match: str | None = None
+    ) -> None:
+        super().put(key, data, overwrite=overwrite, if_match=if_match)
+        if "/files/" in key:
+            self.file_puts += 1
+            if self.file_puts == 2:  # some files landed, the index is not written yet
+                self.started.set()
+                assert self.gate.wait(timeout=60)
+
+
+@pytest.mark.parametrize("same_process", [True, False])
+def test_gc_never_deletes_the_files_of_a_snapshot_still_uploading(
+    tmp_path: Path, same_process: bool
+) -> None:
+    blobs = _Gate(LocalBlobStore(str(tmp_path / "root")))
+    uploader = sk.StateBackend(blobs, config=_config(tmp_path, "a", orphan_ttl_s=0))
+    uploader._snapshotter.after_upload = None
+    _commit_many(uploader, 9)
+    with uploader.open("op", 0) as store:
+        store.put(b"k99", b"x")
+        store.commit()  # version 10: a background snapshot starts and is held mid-upload
+        assert blobs.started.wait(timeout=60)
+    if same_process:  # the same backend knows the upload is in flight, even with TTL 0
+        collector = uploader
+    else:  # another process only has the TTL to go by
+        collector = sk.StateBackend(
+            LocalBlobStore(str(tmp_path / "root")),
+            config=_config(tmp_path, "b", orphan_ttl_s=3600),
+        )
+    gc_thread = threading.Thread(target=collector.gc)
+    gc_thread.start()
+    gc_thread.join(timeout=60)
+    blobs.gate.set()
+    uploader.wait_for_snapshots()
+    cold = sk.StateBackend(str(tmp_path / "root"), config=_config(tmp_path, "cold"))
+    with cold.open("op", 0) as store:
+        assert store.restore_info.base_kind == "snapshot"
+        assert store.version == 10
+    assert cold.verify(deep=True).ok
+
+
+def test_a_crash_at_any_delete_of_a_gc_is_completed_by_the_next_run(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    setup = sk.StateBackend(str(root), config=_config(tmp_path, "a", retain_versions=15))
+    setup._snapshotter.after_upload = None
+    _commit_many(setup, 60)
+    setup.close()
+    total = len(
+        sk.StateBackend(str(root), config=_config(tmp_path, "x", retain_versions=15))
+        .gc(dry_run=True)
+        .deleted_keys
+    )
+    crashes = 0
+    for fail_at in (1, 2):  # the metadata delete batch, then the files batch
+        faulty = FaultyBlobStore(
+            LocalBlobStore(str(root)), fail_at=fail_at, op="delete", kind="crash"
+        )
+        backend = sk.StateBackend(faulty, config=_config(tmp_path, "y", retain_versions=15))
+        try:
+            backend.gc()
+        except SimulatedCrash:
+            crashes += 1
+        for version in (46, 60):
+            with sk.StateBackend(str(root), config=_config(tmp_path, f"c{fail_at}{version}")).open(
+                "op", 0, version=version
+            ) as store:
+                assert dict(store.scan()) == _expected(version)
+    assert crashes >= 1
+    final = sk.StateBackend(str(root), config=_config(tmp_path, "z", retain_versions=15))
+    final.gc()
+    assert final.gc(dry_run=True).deleted_keys == []
+    assert total > 0
+    assert final.verify(deep=True).ok
+
+
+def test_background_gc_runs_after_snapshots(tmp_path: Path) -> None:
+    backend = sk.StateBackend(
+        str(tmp_path / "root"), config=_config(tmp_path, "a", retain_versions=5, snapshot_every=5)
+    )
+    _commit_many(backend, 30)
+    backend.wait_for_snapshots()
+    versions = backend.versions("op", 0)
+    assert versions[0] >= 20
+    assert versions[-1] == 30
+    assert layout.changelog_key("op", 0, 1) not in {m.key for m in backend.blobs.list("")}
