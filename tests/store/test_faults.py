@@ -1,0 +1,190 @@
+"""Fault injection: fail or kill at every blob store call of a restore, commit, snapshot and
+gc, then check the invariants of ARCHITECTURE §5."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import statekeeper as sk
+from statekeeper import layout
+from statekeeper.snapshot import SnapshotIndex, referenced_blob_ids
+from statekeeper.storage import LocalBlobStore
+from tests.blobstores import FaultyBlobStore, RecordingBlobStore
+
+RETAIN = 5
+
+
+def changes(version: int) -> list[tuple[bytes, bytes | None]]:
+    """Commit ``version``: 30 puts over 200 keys and one delete, deterministic."""
+    out: list[tuple[bytes, bytes | None]] = [
+        (b"k%03d" % ((version * 11 + i) % 200), b"%d:%d" % (version, i) * 20) for i in range(30)
+    ]
+    out.append((b"k%03d" % (version * 5 % 200), None))
+    return out
+
+
+def expected(version: int) -> dict[bytes, bytes]:
+    state: dict[bytes, bytes] = {}
+    for v in range(1, version + 1):
+        for key, value in changes(v):
+            if value is None:
+                state.pop(key, None)
+            else:
+                state[key] = value
+    return state
+
+
+def config(local_dir: str, **kwargs: object) -> sk.StoreConfig:
+    base: dict[str, object] = {
+        "local_dir": local_dir,
+        "snapshot_every": 10_000,  # snapshots only where the scenario asks for them
+        "retain_versions": RETAIN,
+        "orphan_ttl_s": 0,
+        "write_buffer_mb": 1,
+        "io_threads": 2,
+    }
+    base.update(kwargs)
+    return sk.StoreConfig(**base)  # type: ignore[arg-type]
+
+
+def apply(store: sk.StateStore, version: int) -> None:
+    for key, value in changes(version):
+        if value is None:
+            store.delete(key)
+        else:
+            store.put(key, value)
+
+
+def scenario(backend: sk.StateBackend, ack: list[int]) -> None:
+    """Restore (snapshot + changelogs), commit, snapshot, commit, gc."""
+    with backend.open("op", 0) as store:
+        for _ in range(2):
+            apply(store, store.version + 1)
+            ack.append(store.commit().version)
+            print("ack", ack[-1], flush=True)
+            store.snapshot_now()
+    backend.gc()
+
+
+CHILD = r"""
+import sys
+sys.path.insert(0, sys.argv[4])
+import statekeeper as sk
+from statekeeper.storage import LocalBlobStore
+from tests.blobstores import FaultyBlobStore, RecordingBlobStore
+from tests.store.test_faults import config, scenario
+blobs = FaultyBlobStore(LocalBlobStore(sys.argv[1]), fail_at=int(sys.argv[3]), kind="kill")
+backend = sk.StateBackend(blobs, config=config(sys.argv[2]))
+scenario(backend, [])
+print("DONE", blobs.seen, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A root at version 12 with a snapshot at 10."""
+    tmp = tmp_path_factory.mktemp("template")
+    backend = sk.StateBackend(str(tmp / "root"), config=config(str(tmp / "local")))
+    with backend.open("op", 0, partitions=1) as store:
+        for v in range(1, 13):
+            apply(store, v)
+            store.commit()
+            if v == 10:
+                store.snapshot_now()
+    backend.close()
+    return tmp / "root"
+
+
+def check_invariants(root: Path, tmp: Path, last_ack: int) -> None:
+    """The last acknowledged version opens exactly; nothing retained was deleted; after a gc
+    past the TTL no orphan is left and everything verifies."""
+    fresh = sk.StateBackend(str(root), config=config(str(tmp / "check")))
+    with fresh.open("op", 0) as store:
+        latest = store.version
+        assert last_ack <= latest <= last_ack + 1
+        assert dict(store.scan()) == expected(latest)
+    versions = fresh.versions("op", 0)
+    assert set(range(latest - RETAIN + 1, latest + 1)) <= set(versions)
+    for version in (latest - RETAIN + 1, latest - 1):
+        with fresh.open("op", 0, version=version) as store:
+            assert dict(store.scan()) == expected(version)
+    fresh.gc()
+    referenced: set[str] = set()
+    for meta in fresh.blobs.list(layout.snapshot_prefix("op", 0)):
+        index = SnapshotIndex.from_json(fresh.blobs.get(meta.key), blob=meta.key)
+        referenced |= {layout.file_blob_key("op", 0, b) for b in referenced_blob_ids(index)}
+    files = {m.key for m in fresh.blobs.list(layout.files_prefix("op", 0))}
+    assert files == referenced, "orphans survived a gc past the TTL"
+    report = fresh.verify(deep=True)
+    assert report.ok, report.problems
+    fresh.close()
+
+
+@pytest.mark.slow
+def test_kill_at_every_call_keeps_every_invariant(template: Path, tmp_path: Path) -> None:
+    tried = 0
+    for fail_at in range(1, 200):
+        work = tmp_path / f"n{fail_at}"
+        shutil.copytree(template, work / "root")
+        child = subprocess.run(
+            [sys.executable, "-c", CHILD, str(work / "root"), str(work / "local"),
+             str(fail_at), str(Path(__file__).parents[2])],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        lines = child.stdout.split("\n")
+        acks = [int(line.split()[1]) for line in lines if line.startswith("ack")]
+        done = any(line.startswith("DONE") for line in lines)
+        assert done or child.returncode == -9, child.stderr[-3000:]
+        check_invariants(work / "root", work, acks[-1] if acks else 12)
+        shutil.rmtree(work)
+        if done:
+            break
+        tried += 1
+    assert done, "the walk never reached the end of the scenario"
+    assert tried > 20  # every call of restore, commit, snapshot and gc was a kill point
+    print(f"kill points tried: {tried}")
+
+
+def _calls_of_scenario(template: Path, tmp: Path) -> int:
+    shutil.copytree(template, tmp / "root")
+    blobs = RecordingBlobStore(LocalBlobStore(str(tmp / "root")))
+    backend = sk.StateBackend(blobs, config=config(str(tmp / "local")))
+    scenario(backend, [])
+    backend.close()
+    return len(blobs.calls)
+
+
+@pytest.mark.parametrize("kind", ["transient", "permanent"])
+def test_failure_at_every_call_keeps_every_invariant(
+    template: Path, tmp_path: Path, kind: str
+) -> None:
+    total = _calls_of_scenario(template, tmp_path / "count")
+    raised = 0
+    for fail_at in range(1, total + 1):
+        work = tmp_path / f"{kind}{fail_at}"
+        shutil.copytree(template, work / "root")
+        blobs = FaultyBlobStore(LocalBlobStore(str(work / "root")), fail_at=fail_at, kind=kind)
+        acks: list[int] = []
+        try:
+            backend = sk.StateBackend(blobs, config=config(str(work / "local")))
+            try:
+                scenario(backend, acks)
+            finally:
+                backend.close()
+        except sk.StorageError:
+            raised += 1  # else the failure was absorbed (e.g. an expired index gc skips)
+        assert blobs.seen >= fail_at
+        check_invariants(work / "root", work, acks[-1] if acks else 12)
+        # the same process carries on after the failure: the next run completes
+        retry = sk.StateBackend(str(work / "root"), config=config(str(work / "local")))
+        scenario(retry, acks)
+        retry.close()
+        check_invariants(work / "root", work, acks[-1])
+        shutil.rmtree(work)
+    assert raised > 30
+    print(f"{kind} failure points tried: {total}, raised to the caller: {raised}")
