@@ -71,6 +71,10 @@ class RecordingBlobStore(ParallelTransfers):
             self._record("delete", key)
         self.inner.delete_many(keys)
 
+    def sweep_incomplete(self, older_than_s: float, *, dry_run: bool = False) -> int:
+        self._record("sweep", "")
+        return self.inner.sweep_incomplete(older_than_s, dry_run=dry_run)
+
     def close(self) -> None:
         super().close()
         self.inner.close()

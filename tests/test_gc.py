@@ -191,3 +191,26 @@ def test_background_gc_runs_after_snapshots(tmp_path: Path) -> None:
     assert versions[0] >= 20
     assert versions[-1] == 30
     assert layout.changelog_key("op", 0, 1) not in {m.key for m in backend.blobs.list("")}
+
+
+def test_gc_sweeps_temporary_files_of_local_puts_that_died(tmp_path: Path) -> None:
+    import os
+    import time
+
+    backend = sk.StateBackend(str(tmp_path / "root"), config=_config(tmp_path, "a"))
+    _commit_many(backend, 3)
+    folder = tmp_path / "root" / "op" / "0" / "changelog"
+    leftover = folder / ".tmp-0123456789abcdef"
+    leftover.write_bytes(b"half a changelog")
+    old = time.time() - 7200
+    os.utime(leftover, (old, old))
+    fresh = folder / ".tmp-fedcba9876543210"
+    fresh.write_bytes(b"still being written")
+    keeper = sk.StateBackend(
+        str(tmp_path / "root"), config=_config(tmp_path, "b", orphan_ttl_s=3600)
+    )
+    assert keeper.gc(dry_run=True).incomplete_writes == 1
+    assert leftover.exists()
+    assert keeper.gc().incomplete_writes == 1
+    assert not leftover.exists()
+    assert fresh.exists()

@@ -68,6 +68,8 @@ class GcReport:
     duration_s: float = 0.0
     complete: bool = True
     """False when the time budget ran out before every store was visited."""
+    incomplete_writes: int = 0
+    """Leftovers of writes that died half way (local temporary files) removed."""
 
     @property
     def deleted_blobs(self) -> int:
@@ -123,8 +125,10 @@ def collect_garbage(
             if not dry_run:
                 _delete_in_order(blobs, doomed)
             report.deleted_keys.extend(doomed)
-    if not dry_run and only is None:
-        report.deleted_keys.extend(_expire_epochs(blobs, config))
+    if only is None:
+        report.incomplete_writes = blobs.sweep_incomplete(config.orphan_ttl_s, dry_run=dry_run)
+        if not dry_run:
+            report.deleted_keys.extend(_expire_epochs(blobs, config))
     report.duration_s = time.monotonic() - started
     _log.info(
         "gc%s: %d blobs, %d bytes %s in %d stores (%.2fs)",

@@ -203,6 +203,28 @@ class LocalBlobStore(ParallelTransfers):
             self._retry, delete_all, self._describe("delete_many", f"{len(targets)} keys")
         )
 
+    def sweep_incomplete(self, older_than_s: float, *, dry_run: bool = False) -> int:
+        """Remove temporary files of puts that died half way, once older than ``older_than_s``.
+
+        Raises:
+            StorageError: a temporary file could not be removed.
+        """
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for folder, _, names in os.walk(self._root):
+            for name in names:
+                if not name.startswith(_TMP_PREFIX):
+                    continue
+                path = os.path.join(folder, name)
+                with contextlib.suppress(*_MISSING):
+                    if os.stat(path).st_mtime > cutoff:
+                        continue
+                    if not dry_run:
+                        with self._translated("sweep", name, missing_is_not_found=False):
+                            os.unlink(path)
+                    removed += 1
+        return removed
+
     # -- internals ---------------------------------------------------------------------------
 
     def _path(self, key: str) -> str:

@@ -270,6 +270,10 @@ class ObjectBlobStore(ParallelTransfers):
 
         return call_with_retry(self._retry, scan, self._describe("list", prefix))
 
+    def sweep_incomplete(self, older_than_s: float, *, dry_run: bool = False) -> int:
+        """Nothing to sweep: every put is one atomic request (no multipart uploads)."""
+        return 0
+
     def delete_many(self, keys: Iterable[str]) -> None:
         """Delete blobs; missing keys are ignored. Every key is checked before any delete.
 

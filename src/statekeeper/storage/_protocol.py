@@ -123,6 +123,17 @@ class BlobStore(Protocol):
         """
         ...
 
+    def sweep_incomplete(self, older_than_s: float, *, dry_run: bool = False) -> int:
+        """Remove leftovers of writes that died half way, once older than ``older_than_s``.
+
+        Returns how many were (or, with ``dry_run``, would be) removed. Backends whose
+        writes leave nothing behind when interrupted return 0.
+
+        Raises:
+            StorageError: the backend failed the cleanup.
+        """
+        ...
+
     def close(self) -> None:
         """Release threads and connections. Idempotent."""
         ...
