@@ -1,0 +1,120 @@
+"""Restore time: how long does a restart take, and what does reuse of a local copy save?
+
+One store of ``--keys`` keys (100-byte values) is written as ``--versions`` commits with a
+snapshot at the end plus ``--tail`` further commits, then opened four ways, side by side in
+one run:
+
+* ``local_current``: the local working copy is at the latest version (a clean restart);
+* ``local_behind``: the local copy missed the last ``--tail`` commits (a hard crash);
+* ``cold_snapshot``: a fresh local directory: snapshot download + changelog replay;
+* ``cold_changelogs``: a fresh local directory on a root with no snapshot: replay of every
+  changelog (what restore costs without snapshots).
+
+    .venv/bin/python benchmarks/restore.py [--keys 1000000] [--versions 20] [--tail 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import statekeeper as sk
+
+VALUE_SIZE = 100
+
+
+def _write(root: Path, local: Path, keys: int, versions: int, tail: int, snapshot: bool) -> None:
+    config = sk.StoreConfig(local_dir=str(local), snapshot_every=10**9)
+    per_version = max(1, keys // versions)
+    backend = sk.StateBackend(str(root), config=config)
+    with backend, backend.open("bench", 0, partitions=1) as store:
+        for v in range(versions):
+            for i in range(v * per_version, min(keys, (v + 1) * per_version)):
+                store.put(b"user:%012d" % i, os.urandom(VALUE_SIZE))
+            store.commit()
+        if snapshot:
+            store.snapshot_now()
+        for t in range(tail):
+            for i in range(t * 1000, (t + 1) * 1000):
+                store.put(b"user:%012d" % i, os.urandom(VALUE_SIZE))
+            store.commit()
+
+
+def _open(root: Path, local: Path) -> dict[str, Any]:
+    config = sk.StoreConfig(local_dir=str(local))
+    started = time.perf_counter()
+    backend = sk.StateBackend(str(root), config=config)
+    with backend, backend.open("bench", 0) as store:
+        elapsed = time.perf_counter() - started
+        info = store.restore_info
+        return {
+            "seconds": round(elapsed, 3),
+            "base_kind": info.base_kind,
+            "changelogs_replayed": info.changelogs_replayed,
+            "bytes_downloaded": info.bytes_downloaded,
+            "files_downloaded": info.files_downloaded,
+            "files_reused": info.files_reused,
+        }
+
+
+def run(keys: int, versions: int, tail: int, workdir: Path) -> dict[str, Any]:
+    """Build both roots, then time the four ways of opening."""
+    results: dict[str, Any] = {}
+    snap_root, plain_root = workdir / "snap-root", workdir / "plain-root"
+    writer_local = workdir / "writer"
+    _write(snap_root, writer_local, keys, versions, tail, snapshot=True)
+    results["local_current"] = _open(snap_root, writer_local)
+    results["cold_snapshot"] = _open(snap_root, workdir / "cold1")
+    _write(plain_root, workdir / "writer2", keys, versions, tail, snapshot=False)
+    results["cold_changelogs"] = _open(plain_root, workdir / "cold2")
+    results["local_behind"] = _open_behind(snap_root, workdir, tail)
+    return results
+
+
+def _open_behind(root: Path, workdir: Path, tail: int) -> dict[str, Any]:
+    """A copy that missed the tail (built at the snapshot version), then caught up."""
+    local = workdir / "behind-copy"
+    latest = sk.StateBackend(str(root)).versions("bench", 0)[-1]
+    with sk.StateBackend(str(root), config=sk.StoreConfig(local_dir=str(local))) as backend:
+        backend.open("bench", 0, version=latest - tail).close()
+    return _open(root, local)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--versions", type=int, default=20)
+    parser.add_argument("--tail", type=int, default=5)
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="sk-bench-restore-") as tmp:
+        results = run(args.keys, args.versions, args.tail, Path(tmp))
+    summary = {
+        "benchmark": "restore",
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "state": {
+            "keys": args.keys,
+            "value_bytes": VALUE_SIZE,
+            "versions": args.versions + args.tail,
+        },
+        "results": results,
+    }
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print("done", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
