@@ -1,0 +1,32 @@
+"""The ``statekeeper`` command line: see, check, restore and clean a checkpoint root.
+
+Thin commands over the library (ARCHITECTURE §3)::
+
+    statekeeper info ROOT
+    statekeeper versions ROOT OPERATOR [--partition N]
+    statekeeper inspect ROOT OPERATOR --partition N [--version V] [--prefix HEX|TEXT] [--limit K]
+    statekeeper stats ROOT [OPERATOR] [--partition N] [--last N]
+    statekeeper verify ROOT [--deep]
+    statekeeper restore ROOT OPERATOR --partition N [--version V] --to DIR
+    statekeeper gc ROOT [--dry-run] [--retain-versions N] [--orphan-ttl SECONDS] [--list]
+
+Every command takes ``--storage-option KEY=VALUE`` (repeatable), ``--json`` and
+``--verbose``. Only this package imports click and rich.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from statekeeper.cli import _data, _info, _maintain, _stats
+from statekeeper.cli._app import cli
+
+__all__ = ["cli", "main"]
+
+# The command modules register themselves on ``cli`` when imported.
+_COMMANDS = (_data, _info, _maintain, _stats)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the command line (the ``statekeeper`` console script); exits the process."""
+    cli.main(args=list(argv) if argv is not None else None, prog_name="statekeeper")

@@ -1,0 +1,345 @@
+"""``inspect`` and ``restore``: the keys and values of a store at a version.
+
+Both open the store through :meth:`StateBackend.open` (snapshot restore plus changelog
+replay, every byte checked) into a temporary working copy, never the pipeline's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import itertools
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+import rocksdict
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from statekeeper import layout
+from statekeeper.cli._app import Env, UsageFailure, cli, env_of, output_options
+from statekeeper.cli._progress import Bar, Bars
+from statekeeper.cli._render import human_bytes, show_bytes
+from statekeeper.cli._root import Root, open_root, root_arguments
+from statekeeper.errors import StateKeeperError
+from statekeeper.snapshot import iter_files, load_index
+from statekeeper.store import RestoreInfo, StateBackend, StateStore
+
+__all__ = ["inspect", "restore"]
+
+_BATCH_ITEMS = 10_000
+_BATCH_BYTES = 4 * 1024 * 1024
+
+Decoder = Callable[[bytes], object]
+_UNREADABLE = object()
+
+
+def _parse_prefix(_ctx: click.Context, _param: click.Parameter, value: str | None) -> bytes:
+    if value is None:
+        return b""
+    if value[:2].lower() == "0x":
+        try:
+            return bytes.fromhex(value[2:])
+        except ValueError as exc:
+            raise click.BadParameter(f"{value!r} is not hex after '0x': {exc}") from exc
+    return value.encode("utf-8")
+
+
+def _store_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option(
+        "--version",
+        "version",
+        type=click.IntRange(min=0),
+        help="The version to read (default: the newest).",
+    )(f)
+    f = click.option(
+        "--partition", "-p", type=click.IntRange(min=0), required=True, help="The partition."
+    )(f)
+    return click.argument("operator")(f)
+
+
+@contextmanager
+def _download_bar(
+    env: Env, root: Root, operator: str, partition: int, version: int
+) -> Iterator[Bars]:
+    """Bars with one "downloading" bar fed by every byte the store reads."""
+    with Bars(env, "bytes") as bars:
+        if bars.enabled:
+            total = _restore_bytes(root, operator, partition, version)
+            bar = bars.add(f"downloading {operator}/{partition}@{version}", total)
+            root.metered.on_read = bar.advance
+        try:
+            yield bars
+        finally:
+            root.metered.on_read = None
+
+
+def _restore_bytes(root: Root, operator: str, partition: int, version: int) -> int | None:
+    """What restoring ``version`` downloads: the snapshot it starts from and the changelogs."""
+    plan = root.listing.history(operator, partition).plan(version, None)
+    sizes = {m.key: m.size for m in root.listing.metas(operator, partition)}
+    total = sum(sizes.get(layout.changelog_key(operator, partition, v), 0) for v in plan.replay)
+    if plan.base_kind == "snapshot":
+        try:
+            index = load_index(root.blobs, operator, partition, plan.base)
+        except StateKeeperError:
+            return None  # the restore itself will report it, or fall back
+        total += sizes.get(layout.snapshot_index_key(operator, partition, plan.base), 0)
+        total += sum(f.size_in_bytes for _, f in iter_files(index.dir_index))
+    return total
+
+
+def _open_store(
+    ctx: click.Context,
+    root: str,
+    storage_options: dict[str, str],
+    names: tuple[str, int],
+    version: int | None,
+) -> tuple[Root, int]:
+    """Open the root and check the store and version exist; returns the version to open."""
+    opened = open_root(ctx, root, storage_options)
+    opened.require_partition(*names)
+    return opened, opened.require_version(*names, version)
+
+
+def _decoder() -> Decoder | None:
+    """The Spark layer's value codec, if the Spark layer is installed."""
+    try:
+        module = importlib.import_module("statekeeper.spark")
+    except ImportError:
+        return None
+    decode = getattr(module, "decode_value", None)
+    return decode if callable(decode) else None
+
+
+def _decoded(value: bytes, decode: Decoder) -> object:
+    """The codec's reading of ``value`` made JSON-able, or ``_UNREADABLE``."""
+    try:
+        decoded = decode(value)
+    except Exception:  # noqa: BLE001 - a value the codec cannot read is shown raw instead
+        return _UNREADABLE
+    try:
+        json.dumps(decoded)
+    except (TypeError, ValueError):
+        return repr(decoded)
+    return decoded
+
+
+def _item(key: bytes, value: bytes, decode: Decoder | None) -> dict[str, Any]:
+    key_format, key_text = show_bytes(key)
+    entry: dict[str, Any] = {"key": key_text, "key_format": key_format}
+    decoded = _UNREADABLE if decode is None else _decoded(value, decode)
+    if decoded is not _UNREADABLE:
+        entry.update(value=decoded, value_format="decoded")
+    else:
+        value_format, value_text = show_bytes(value)
+        entry.update(value=value_text, value_format=value_format)
+    entry.update(key_hex=key.hex(), value_hex=value.hex())
+    return entry
+
+
+@cli.command()
+@root_arguments
+@_store_options
+@click.option(
+    "--prefix",
+    callback=_parse_prefix,
+    metavar="HEX|TEXT",
+    help="Only keys starting with this: '0x' then hex digits, else UTF-8 text.",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    default=100,
+    show_default=True,
+    help="Show at most this many items (0: all).",
+)
+@output_options
+@click.pass_context
+def inspect(
+    ctx: click.Context,
+    root: str,
+    storage_options: dict[str, str],
+    operator: str,
+    partition: int,
+    version: int | None,
+    prefix: bytes,
+    limit: int,
+) -> None:
+    """Show the keys and values of OPERATOR's store at a version, sorted by key.
+
+    Values are decoded with the Spark layer's codec when it is installed; otherwise (or
+    when decoding fails) they are shown as text when printable UTF-8, else as hex. Keys are
+    shown the same way.
+    """
+    env = env_of(ctx)
+    opened, wanted = _open_store(ctx, root, storage_options, (operator, partition), version)
+    decode = _decoder()
+    with _download_bar(env, opened, operator, partition, wanted):
+        store = opened.backend.open(operator, partition, wanted)
+    with store:
+        scan = store.scan(prefix)
+        # One item more than shown tells whether anything was left out.
+        found = list(itertools.islice(scan, limit + 1 if limit else None))
+    shown = found[:limit] if limit else found
+    doc = {
+        "root": opened.uri,
+        "operator": operator,
+        "partition": partition,
+        "version": wanted,
+        "prefix_hex": prefix.hex(),
+        "truncated": len(found) > len(shown),
+        "items": [_item(key, value, decode) for key, value in shown],
+    }
+    if env.json:
+        env.emit_json(doc)
+    else:
+        _print_items(env.console, doc)
+
+
+def _print_items(console: Console, doc: dict[str, Any]) -> None:
+    table = Table("key", "value", show_lines=False)
+    for column in table.columns:
+        column.overflow = "fold"
+    for item in doc["items"]:
+        table.add_row(
+            _shown(item["key"], item["key_format"]), _shown(item["value"], item["value_format"])
+        )
+    where = f"{doc['operator']}/{doc['partition']} at version {doc['version']}"
+    console.print(Text(f"{where}: {len(doc['items'])} items"))
+    console.print(table)
+    if doc["truncated"]:
+        console.print("more items follow: raise --limit (0 shows all)")
+
+
+def _shown(value: object, fmt: str) -> Text:
+    if fmt == "hex":
+        return Text(f"0x{value}", style="dim")
+    if fmt == "decoded" and not isinstance(value, str):
+        return Text(json.dumps(value))
+    return Text(str(value))
+
+
+@cli.command()
+@root_arguments
+@_store_options
+@click.option(
+    "--to",
+    "to",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory to create (it must not exist, or be empty).",
+)
+@output_options
+@click.pass_context
+def restore(
+    ctx: click.Context,
+    root: str,
+    storage_options: dict[str, str],
+    operator: str,
+    partition: int,
+    version: int | None,
+    to: Path,
+) -> None:
+    """Materialize OPERATOR's store at a version as a RocksDB directory at --to.
+
+    The directory holds exactly the store's keys and values at that version (the working
+    copy's internal version label is not copied) and opens with rocksdict.Rdict(path).
+    It is written beside its final place and renamed there only when complete.
+    """
+    env = env_of(ctx)
+    target = to.absolute()
+    if target.exists() and any(target.iterdir()):
+        raise UsageFailure(f"restore target {target} exists and is not empty")
+    opened, wanted = _open_store(ctx, root, storage_options, (operator, partition), version)
+    keys, size, info = _materialize(env, opened, (operator, partition), wanted, target)
+    doc = {
+        "root": opened.uri,
+        "operator": operator,
+        "partition": partition,
+        "version": wanted,
+        "path": str(target),
+        "keys": keys,
+        "bytes": size,
+        "base_kind": info.base_kind,
+        "base": info.base,
+        "changelogs_replayed": info.changelogs_replayed,
+        "bytes_downloaded": info.bytes_downloaded,
+    }
+    if env.json:
+        env.emit_json(doc)
+    else:
+        _print_restored(env.console, doc)
+
+
+def _materialize(
+    env: Env, root: Root, names: tuple[str, int], version: int, target: Path
+) -> tuple[int, int, RestoreInfo]:
+    """Write the store at ``version`` beside ``target``, then rename it into place.
+
+    The working copy it is restored into lives beside ``target`` too (on the disk the user
+    chose for the state, not in the system temp folder), and is removed afterwards.
+
+    Returns:
+        The keys and bytes written, and how the store was restored.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".statekeeper-restore-", dir=target.parent))
+    config = dataclasses.replace(root.backend.config, local_dir=str(staging / "work"))
+    try:
+        with (
+            _download_bar(env, root, *names, version) as bars,
+            StateBackend(root.blobs, config=config) as backend,
+            backend.open(*names, version) as store,
+        ):
+            keys, size = _write_db(store, staging / "db", bars.add("writing", None))
+            info = store.restore_info
+        if target.exists():
+            target.rmdir()
+        os.replace(staging / "db", target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return keys, size, info
+
+
+def _write_db(store: StateStore, path: Path, bar: Bar) -> tuple[int, int]:
+    """Copy every item of ``store`` into a new RocksDB at ``path``; returns (keys, bytes)."""
+    db = rocksdict.Rdict(str(path), rocksdict.Options(raw_mode=True))
+    keys = size = 0
+    try:
+        batch, batch_items, batch_bytes = rocksdict.WriteBatch(raw_mode=True), 0, 0
+        for key, value in store.scan():
+            batch.put(key, value)
+            batch_items += 1
+            batch_bytes += len(key) + len(value)
+            if batch_items >= _BATCH_ITEMS or batch_bytes >= _BATCH_BYTES:
+                db.write(batch)
+                bar.advance(batch_items)
+                keys, size = keys + batch_items, size + batch_bytes
+                batch, batch_items, batch_bytes = rocksdict.WriteBatch(raw_mode=True), 0, 0
+        db.write(batch)
+        bar.advance(batch_items)
+        db.flush(wait=True)
+    finally:
+        db.close()
+    return keys + batch_items, size + batch_bytes
+
+
+def _print_restored(console: Console, doc: dict[str, Any]) -> None:
+    source = "the empty store" if doc["base_kind"] == "empty" else f"snapshot {doc['base']}"
+    console.print(
+        Text(
+            f"restored {doc['operator']}/{doc['partition']} version {doc['version']} into "
+            f"{doc['path']}: {doc['keys']} keys ({human_bytes(doc['bytes'])}), from {source} "
+            f"and {doc['changelogs_replayed']} changelogs, "
+            f"{human_bytes(doc['bytes_downloaded'])} downloaded"
+        )
+    )

@@ -1,0 +1,235 @@
+"""``verify`` and ``gc``: is the root intact, and what can be deleted.
+
+Both are thin over :meth:`StateBackend.verify` and :meth:`StateBackend.gc`; the reports are
+read through the small protocols below, which name every attribute the command line uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from statekeeper.cli._app import EXIT_PROBLEMS, cli, env_of, output_options
+from statekeeper.cli._progress import Bars
+from statekeeper.cli._render import human_bytes
+from statekeeper.cli._root import open_root, root_arguments
+from statekeeper.config import StoreConfig
+
+__all__ = ["gc", "verify"]
+
+_DEFAULTS = StoreConfig()
+
+
+class ProblemLike(Protocol):
+    """One problem of a :class:`VerifyReportLike`."""
+
+    @property
+    def store(self) -> str: ...
+    @property
+    def blob(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def message(self) -> str: ...
+
+
+class VerifyReportLike(Protocol):
+    """What ``verify`` reads of ``StateBackend.verify``'s report."""
+
+    @property
+    def problems(self) -> Sequence[ProblemLike]: ...
+    @property
+    def blobs_checked(self) -> int: ...
+    @property
+    def bytes_checked(self) -> int: ...
+    @property
+    def ok(self) -> bool: ...
+
+
+class StoreGcLike(Protocol):
+    """One store of a :class:`GcReportLike`."""
+
+    @property
+    def deleted_blobs(self) -> int: ...
+    @property
+    def deleted_bytes(self) -> int: ...
+    @property
+    def kept_blobs(self) -> int: ...
+    @property
+    def kept_bytes(self) -> int: ...
+
+
+class GcReportLike(Protocol):
+    """What ``gc`` reads of ``StateBackend.gc``'s report."""
+
+    @property
+    def stores(self) -> Mapping[str, StoreGcLike]: ...
+    @property
+    def deleted_keys(self) -> Sequence[str]: ...
+    @property
+    def dry_run(self) -> bool: ...
+
+
+@cli.command()
+@root_arguments
+@click.option("--deep", is_flag=True, help="Also download every blob and check every checksum.")
+@output_options
+@click.pass_context
+def verify(ctx: click.Context, root: str, storage_options: dict[str, str], deep: bool) -> None:
+    """Check every reference in ROOT and, with --deep, every checksum.
+
+    Exits 0 when the root is intact, 1 with the list of problems otherwise.
+    """
+    env = env_of(ctx)
+    opened = open_root(ctx, root, storage_options)
+    with Bars(env, "items") as bars:
+        bar = bars.add("verifying blobs" + (" (deep)" if deep else ""), None)
+        report: VerifyReportLike = opened.backend.verify(deep=deep, progress=bar.set)
+    doc = _verify_document(opened.uri, deep, report)
+    if env.json:
+        env.emit_json(doc)
+    else:
+        _print_verify(env.console, doc)
+    if not report.ok:
+        click.echo(
+            f"statekeeper: verify found {len(report.problems)} problem(s) in {opened.uri}",
+            err=True,
+        )
+        ctx.exit(EXIT_PROBLEMS)
+
+
+def _verify_document(uri: str, deep: bool, report: VerifyReportLike) -> dict[str, Any]:
+    return {
+        "root": uri,
+        "deep": deep,
+        "ok": report.ok,
+        "blobs_checked": report.blobs_checked,
+        "bytes_checked": report.bytes_checked,
+        "problems": [
+            {"store": p.store, "blob": p.blob, "kind": p.kind, "message": p.message}
+            for p in report.problems
+        ],
+    }
+
+
+def _print_verify(console: Console, doc: dict[str, Any]) -> None:
+    checked = f"{doc['blobs_checked']} blobs ({human_bytes(doc['bytes_checked'])} read)"
+    how = "every reference and checksum" if doc["deep"] else "every reference"
+    if doc["ok"]:
+        console.print(Text(f"{doc['root']}: intact; checked {how} of {checked}"))
+        return
+    table = Table("store", "kind", "blob", "problem")
+    table.columns[3].overflow = "fold"
+    for p in doc["problems"]:
+        table.add_row(Text(p["store"]), Text(p["kind"]), Text(p["blob"]), Text(p["message"]))
+    console.print(table)
+    console.print(
+        Text(f"{doc['root']}: {len(doc['problems'])} problem(s); checked {how} of {checked}")
+    )
+
+
+@cli.command()
+@root_arguments
+@click.option("--dry-run", is_flag=True, help="Show what would be deleted; delete nothing.")
+@click.option(
+    "--retain-versions",
+    type=click.IntRange(min=1),
+    default=_DEFAULTS.retain_versions,
+    show_default=True,
+    help="Keep this many of the newest versions of every store restorable "
+    "(use the pipeline's StoreConfig.retain_versions).",
+)
+@click.option(
+    "--orphan-ttl",
+    type=click.FloatRange(min=0),
+    default=_DEFAULTS.orphan_ttl_s,
+    show_default=True,
+    metavar="SECONDS",
+    help="Delete blobs no version references only once older than this.",
+)
+@click.option("--list", "list_keys", is_flag=True, help="Also list every deleted key.")
+@output_options
+@click.pass_context
+def gc(
+    ctx: click.Context,
+    root: str,
+    storage_options: dict[str, str],
+    dry_run: bool,
+    retain_versions: int,
+    orphan_ttl: float,
+    list_keys: bool,
+) -> None:
+    """Delete what no retained version of any store in ROOT needs (see --dry-run).
+
+    Every version among the newest --retain-versions of each store stays restorable; blobs
+    that no committed version references are deleted once older than --orphan-ttl.
+    """
+    env = env_of(ctx)
+    opened = open_root(
+        ctx, root, storage_options, retain_versions=retain_versions, orphan_ttl_s=orphan_ttl
+    )
+    report: GcReportLike = opened.backend.gc(dry_run=dry_run)
+    doc = _gc_document(opened.uri, retain_versions, orphan_ttl, report)
+    if env.json:
+        env.emit_json(doc)
+    else:
+        _print_gc(env.console, doc, list_keys)
+
+
+def _gc_document(
+    uri: str, retain_versions: int, orphan_ttl: float, report: GcReportLike
+) -> dict[str, Any]:
+    stores = [
+        {
+            "store": name,
+            "deleted_blobs": s.deleted_blobs,
+            "deleted_bytes": s.deleted_bytes,
+            "kept_blobs": s.kept_blobs,
+            "kept_bytes": s.kept_bytes,
+            "skipped": getattr(s, "skipped", None),
+        }
+        for name, s in sorted(report.stores.items())
+    ]
+    return {
+        "root": uri,
+        "dry_run": report.dry_run,
+        "retain_versions": retain_versions,
+        "orphan_ttl_s": orphan_ttl,
+        "deleted_blobs": sum(s["deleted_blobs"] for s in stores),
+        "deleted_bytes": sum(s["deleted_bytes"] for s in stores),
+        "stores": stores,
+        "deleted_keys": list(report.deleted_keys),
+    }
+
+
+def _print_gc(console: Console, doc: dict[str, Any], list_keys: bool) -> None:
+    verb = "would delete" if doc["dry_run"] else "deleted"
+    table = Table("store", f"{verb} blobs", f"{verb} size", "kept blobs", "kept size", "note")
+    for column in table.columns[1:5]:
+        column.justify = "right"
+    for s in doc["stores"]:
+        table.add_row(
+            Text(s["store"]),
+            str(s["deleted_blobs"]),
+            human_bytes(s["deleted_bytes"]),
+            str(s["kept_blobs"]),
+            human_bytes(s["kept_bytes"]),
+            Text(s["skipped"] or ""),
+        )
+    console.print(table)
+    if list_keys:
+        for key in doc["deleted_keys"]:
+            console.print(Text(f"{verb}: {key}"))
+    dry = " (dry run: nothing was deleted)" if doc["dry_run"] else ""
+    console.print(
+        Text(
+            f"{doc['root']}: {verb} {doc['deleted_blobs']} blobs "
+            f"({human_bytes(doc['deleted_bytes'])}), keeping the newest "
+            f"{doc['retain_versions']} versions of every store{dry}"
+        )
+    )

@@ -1,0 +1,295 @@
+"""Opening a checkpoint root for a command, read-only, and resolving what the user named.
+
+Commands never touch a pipeline's local working copies: every backend they open keeps its
+working copies in a temporary folder removed when the command ends. Nothing here writes to
+the blob store; a root, operator, partition or version that does not exist is a usage error
+(exit 2), checked before the library is asked for it, so that asking never registers an
+operator or creates a folder.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, TypeVar, cast
+from urllib.parse import unquote, urlsplit
+
+import click
+
+from statekeeper import layout
+from statekeeper.cli._app import UsageFailure
+from statekeeper.config import StoreConfig
+from statekeeper.errors import StateNotFoundError
+from statekeeper.history import StoreHistory
+from statekeeper.storage import BlobMeta, BlobStore, open_blob_store
+from statekeeper.store import StateBackend
+from statekeeper.store._root import RootMetadata, RootRegistry
+
+__all__ = [
+    "MeteredBlobStore",
+    "Root",
+    "RootListing",
+    "open_root",
+    "root_arguments",
+    "store_of",
+]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _parse_storage_options(
+    _ctx: click.Context, _param: click.Parameter, values: Sequence[str]
+) -> dict[str, str]:
+    options: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}")
+        if key in options:
+            raise click.BadParameter(f"{key!r} is given twice")
+        options[key] = value
+    return options
+
+
+def root_arguments(f: _F) -> _F:
+    """Add the ``ROOT`` argument and the repeatable ``--storage-option KEY=VALUE``."""
+    f = click.option(
+        "--storage-option",
+        "-o",
+        "storage_options",
+        multiple=True,
+        metavar="KEY=VALUE",
+        callback=_parse_storage_options,
+        help="Object store option (endpoint, region, access_key_id, allow_http, ...); repeatable.",
+    )(f)
+    return click.argument("root")(f)
+
+
+class MeteredBlobStore:
+    """Wraps a :class:`BlobStore` and reports the bytes its reads return, for progress bars.
+
+    Reads (``get``, ``get_range``, ``get_many``) are counted; every other member is the
+    wrapped store's own, looked up on use, so the wrapper keeps up with the protocol as it
+    grows. :attr:`store` is this wrapper typed as a ``BlobStore``; :attr:`on_read` is called
+    from the I/O threads with the size of each blob (or range) read.
+    """
+
+    def __init__(self, inner: BlobStore) -> None:
+        self._inner = inner
+        self.on_read: Callable[[int], None] | None = None
+
+    @property
+    def store(self) -> BlobStore:
+        """This wrapper, as the blob store the library is given."""
+        return cast(BlobStore, self)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for what this class does not define: delegate it.
+        return getattr(self._inner, name)
+
+    def _count(self, n: int) -> None:
+        callback = self.on_read
+        if callback is not None:
+            callback(n)
+
+    def get(self, key: str) -> bytes:
+        """As :meth:`BlobStore.get`, counting the bytes read."""
+        data = self._inner.get(key)
+        self._count(len(data))
+        return data
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """As :meth:`BlobStore.get_range`, counting the bytes read."""
+        data = self._inner.get_range(key, start, length)
+        self._count(len(data))
+        return data
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes]:
+        """As :meth:`BlobStore.get_many`, counting the bytes read."""
+        out = self._inner.get_many(keys)
+        self._count(sum(len(d) for d in out))
+        return out
+
+
+def store_of(key: str) -> tuple[str, int] | None:
+    """The (operator, partition) whose blob ``key`` is, or ``None`` for root-level blobs.
+
+    The answer is checked against :func:`layout.store_prefix`, which stays the arbiter of
+    what a store's key looks like.
+    """
+    operator, sep, rest = key.partition("/")
+    part, sep2, _ = rest.partition("/")
+    if not (sep and sep2 and part.isdigit()):
+        return None
+    try:
+        prefix = layout.store_prefix(operator, int(part))
+    except (TypeError, ValueError):
+        return None
+    return (operator, int(part)) if key.startswith(prefix) else None
+
+
+@dataclass
+class RootListing:
+    """Every blob of a root, from one listing, grouped by store."""
+
+    blobs: list[BlobMeta]
+    stores: dict[tuple[str, int], list[BlobMeta]] = field(default_factory=dict)
+    epochs: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, blobs: BlobStore) -> RootListing:
+        """List ``blobs`` once and group the keys.
+
+        Raises:
+            StorageError: the listing failed.
+        """
+        listing = cls(blobs.list(""))
+        for meta in listing.blobs:
+            store = store_of(meta.key)
+            if store is not None:
+                listing.stores.setdefault(store, []).append(meta)
+            elif (epoch := layout.parse_epoch_key(meta.key)) is not None:
+                listing.epochs.append(epoch)
+        listing.epochs.sort()
+        return listing
+
+    def partitions(self, operator: str) -> list[int]:
+        """Partitions of ``operator`` that hold at least one blob."""
+        return sorted(p for op, p in self.stores if op == operator)
+
+    def metas(self, operator: str, partition: int) -> list[BlobMeta]:
+        """The blobs of one store (empty if it holds none)."""
+        return self.stores.get((operator, partition), [])
+
+    def history(self, operator: str, partition: int) -> StoreHistory:
+        """The committed versions of one store, as :meth:`StoreHistory.load` would list them."""
+        keys = [m.key for m in self.metas(operator, partition)]
+        changelogs = {v for k in keys if (v := layout.parse_changelog_key(k)) is not None}
+        snapshots = {v for k in keys if (v := layout.parse_snapshot_key(k)) is not None}
+        return StoreHistory(operator, partition, frozenset(changelogs), frozenset(snapshots))
+
+
+@dataclass
+class Root:
+    """An open checkpoint root: its backend, its blob store (metered) and its metadata."""
+
+    backend: StateBackend
+    metered: MeteredBlobStore
+    meta: RootMetadata
+
+    @property
+    def blobs(self) -> BlobStore:
+        """The root's blob store; its reads feed :attr:`metered`."""
+        return self.metered.store
+
+    @property
+    def uri(self) -> str:
+        """The root URI, without credentials."""
+        return self.blobs.uri
+
+    @cached_property
+    def listing(self) -> RootListing:
+        """One listing of the whole root (made on first use)."""
+        return RootListing.of(self.blobs)
+
+    def require_operator(self, operator: str) -> None:
+        """Raise a usage error unless the root records ``operator``."""
+        if operator not in self.meta.operators:
+            known = ", ".join(sorted(self.meta.operators)) or "none"
+            raise UsageFailure(
+                f"operator {operator!r} does not exist in {self.uri}: operators are {known}"
+            )
+
+    def partitions(self, operator: str) -> list[int]:
+        """The partitions of an operator: ``0..P-1`` when P is recorded, else those in use."""
+        count = self.meta.operators.get(operator)
+        used = self.listing.partitions(operator)
+        if count is None:
+            return used
+        return sorted(set(range(count)) | set(used))
+
+    def require_partition(self, operator: str, partition: int) -> None:
+        """Raise a usage error unless ``partition`` is a partition of ``operator``."""
+        self.require_operator(operator)
+        count = self.meta.operators.get(operator)
+        if count is not None and partition < count:
+            return
+        if count is None and self.listing.metas(operator, partition):
+            return
+        known = (
+            f"0..{count - 1}"
+            if count is not None
+            else ", ".join(map(str, self.partitions(operator))) or "none"
+        )
+        raise UsageFailure(
+            f"partition {partition} of operator {operator!r} does not exist in {self.uri}: "
+            f"partitions are {known}"
+        )
+
+    def require_version(self, operator: str, partition: int, version: int | None) -> int:
+        """The version to open (the latest if ``None``); a usage error if not restorable."""
+        history = self.listing.history(operator, partition)
+        try:
+            wanted = history.latest() if version is None else version
+            history.plan(wanted, None)
+        except StateNotFoundError as exc:
+            raise UsageFailure(str(exc)) from exc
+        return wanted
+
+
+def _local_path(root: str) -> str | None:
+    """The folder of a local root (a path or ``file://`` URI), ``None`` for object stores."""
+    scheme, sep, _ = root.partition("://")
+    if not sep:
+        return root
+    if scheme.lower() == "file":
+        return unquote(urlsplit(root).path)
+    return None
+
+
+def open_root(
+    ctx: click.Context,
+    root: str,
+    storage_options: dict[str, str],
+    **config: Any,
+) -> Root:
+    """Open an existing checkpoint root for the duration of the command.
+
+    Args:
+        ctx: the command's context; the backend and its temporary folder are released
+            when it closes.
+        root: the root as the user typed it.
+        storage_options: parsed ``--storage-option`` values.
+        **config: :class:`StoreConfig` fields (``local_dir`` is always a temp folder).
+
+    Raises:
+        UsageFailure: the root does not exist, is not a statekeeper root, or its URI or a
+            storage option is not understood.
+        StateKeeperError: the root cannot be read.
+    """
+    local = _local_path(root)
+    if local is not None and not os.path.isdir(local):
+        raise UsageFailure(f"checkpoint root {local} does not exist (no such folder)")
+    workdir = ctx.with_resource(tempfile.TemporaryDirectory(prefix="statekeeper-cli-"))
+    try:
+        store_config = StoreConfig(local_dir=workdir, **config)
+        inner = open_blob_store(root, storage_options or None, io_threads=store_config.io_threads)
+    except (TypeError, ValueError) as exc:
+        raise UsageFailure(f"cannot open checkpoint root: {exc}") from exc
+    metered = MeteredBlobStore(inner)
+    try:
+        backend = StateBackend(metered.store, config=store_config)
+    except BaseException:
+        inner.close()
+        raise
+    ctx.with_resource(backend)
+    meta = RootRegistry(metered.store).read()
+    if meta is None:
+        raise UsageFailure(
+            f"{inner.uri} is not a statekeeper checkpoint root: it holds no {layout.ROOT_METADATA}"
+        )
+    return Root(backend, metered, meta)
