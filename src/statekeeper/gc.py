@@ -151,11 +151,10 @@ def _store_blobs(
             return {}
         return {only[1]: blobs.list(layout.store_prefix(*only))}
     by_partition: dict[int, list[BlobMeta]] = defaultdict(list)
-    prefix = f"{layout.validate_operator(operator)}/"
-    for meta in blobs.list(prefix):
-        head = meta.key[len(prefix) :].split("/", 1)[0]
-        if head.isdigit():
-            by_partition[int(head)].append(meta)
+    for meta in blobs.list(layout.operator_prefix(operator)):
+        store = layout.parse_store_key(meta.key)
+        if store is not None and store[0] == operator:
+            by_partition[store[1]].append(meta)
     return dict(sorted(by_partition.items()))
 
 
@@ -197,6 +196,11 @@ def _plan_store(
     )
     doomed: list[BlobMeta] = [m for v, m in changelogs.items() if v <= report.base]
     doomed += [m for v, m in indexes.items() if v < report.base]
+    doomed += [
+        m
+        for m in metas
+        if (v := layout.parse_metrics_key(m.key)) is not None and v < report.oldest_retained
+    ]
     for m in files:
         blob_id = m.key.rsplit("/", 1)[-1]
         if blob_id in referenced:

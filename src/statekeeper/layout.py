@@ -17,9 +17,14 @@ __all__ = [
     "epochs_prefix",
     "file_blob_key",
     "files_prefix",
+    "metrics_key",
+    "metrics_prefix",
+    "operator_prefix",
     "parse_changelog_key",
     "parse_epoch_key",
+    "parse_metrics_key",
     "parse_snapshot_key",
+    "parse_store_key",
     "snapshot_index_key",
     "snapshot_prefix",
     "store_prefix",
@@ -137,6 +142,34 @@ def file_blob_key(operator: str, partition: int, blob_id: str) -> str:
     if not _BLOB_ID_RE.fullmatch(blob_id):
         raise ValueError(f"blob id must be a plain name, got {blob_id!r}")
     return files_prefix(operator, partition) + blob_id
+
+
+def metrics_prefix(operator: str, partition: int) -> str:
+    """Prefix of a store's commit-metrics blobs (see ``statekeeper.metrics``)."""
+    return store_prefix(operator, partition) + "metrics/"
+
+
+def metrics_key(operator: str, partition: int, last_version: int) -> str:
+    """Key of the commit-metrics blob whose newest entry is ``last_version``."""
+    return f"{metrics_prefix(operator, partition)}{validate_version(last_version):0{_DIGITS}d}.json"
+
+
+def parse_metrics_key(key: str) -> int | None:
+    """The last version of a commit-metrics key, or ``None`` if ``key`` is not one."""
+    return _parse_versioned(key, "/metrics/", ".json")
+
+
+def operator_prefix(operator: str) -> str:
+    """Prefix of every blob of every store of ``operator``."""
+    return f"{validate_operator(operator)}/"
+
+
+def parse_store_key(key: str) -> tuple[str, int] | None:
+    """The (operator, partition) a blob key belongs to, or ``None`` for root-level keys."""
+    parts = key.split("/", 2)
+    if len(parts) < 3 or not parts[1].isdigit() or not _OPERATOR_RE.fullmatch(parts[0]):
+        return None
+    return parts[0], int(parts[1])
 
 
 def epochs_prefix() -> str:

@@ -17,10 +17,7 @@ Document (UTF-8 JSON, keys sorted)::
 
 Readers reject a newer ``formatVersion`` with a clear error.
 
-Note for the key scheme: ``layout.py`` owns every blob key. The three key helpers below are
-this module's proposal for ``layout.metrics_prefix``/``metrics_key``/``parse_metrics_key``
-and are built on :func:`layout.store_prefix`; they move there when commits start writing
-these blobs.
+Keys come from ``layout.metrics_key`` / ``metrics_prefix`` / ``parse_metrics_key``.
 """
 
 from __future__ import annotations
@@ -41,17 +38,12 @@ __all__ = [
     "decode_commit_metrics",
     "encode_commit_metrics",
     "from_commit",
-    "metrics_key",
-    "metrics_prefix",
-    "parse_metrics_key",
     "read_commit_metrics",
     "write_commit_metrics",
 ]
 
 FORMAT_VERSION = 1
 _FORMAT_NAME = "statekeeper-commit-metrics"
-_SUFFIX = ".json"
-_DIGITS = 20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,25 +73,6 @@ class CommitMetrics:
             "records": self.records,
             "committedTimeMs": self.committed_time_ms,
         }
-
-
-def metrics_prefix(operator: str, partition: int) -> str:
-    """Prefix under which a store's commit-metrics blobs are listed."""
-    return layout.store_prefix(operator, partition) + "metrics/"
-
-
-def metrics_key(operator: str, partition: int, last_version: int) -> str:
-    """Key of the metrics blob whose newest entry is ``last_version``."""
-    return f"{metrics_prefix(operator, partition)}{layout.validate_version(last_version):020d}.json"
-
-
-def parse_metrics_key(key: str) -> int | None:
-    """The last version of a metrics key, or ``None`` if ``key`` is not one."""
-    head, sep, tail = key.rpartition("/metrics/")
-    if not sep or head.count("/") != 1 or not tail.endswith(_SUFFIX):
-        return None
-    digits = tail[: -len(_SUFFIX)]
-    return int(digits) if len(digits) == _DIGITS and digits.isdigit() else None
 
 
 def encode_commit_metrics(operator: str, partition: int, commits: Sequence[CommitMetrics]) -> bytes:
@@ -166,7 +139,7 @@ def write_commit_metrics(
         StorageError: the upload failed.
     """
     data = encode_commit_metrics(operator, partition, commits)
-    key = metrics_key(operator, partition, max(c.version for c in commits))
+    key = layout.metrics_key(operator, partition, max(c.version for c in commits))
     blobs.put(key, data)
     return key
 
@@ -184,8 +157,8 @@ def read_commit_metrics(
     """
     keys = sorted(
         (v, m.key)
-        for m in blobs.list(metrics_prefix(operator, partition))
-        if (v := parse_metrics_key(m.key)) is not None and v >= since
+        for m in blobs.list(layout.metrics_prefix(operator, partition))
+        if (v := layout.parse_metrics_key(m.key)) is not None and v >= since
     )
     out: dict[int, CommitMetrics] = {}
     datas = blobs.get_many([k for _, k in keys])

@@ -20,6 +20,7 @@ from statekeeper import layout
 from statekeeper.changelog import HEADER_SIZE, decode_changelog, read_header
 from statekeeper.errors import CorruptStateError, StateKeeperError, StateNotFoundError
 from statekeeper.history import StoreHistory, ranges
+from statekeeper.metrics import decode_commit_metrics
 from statekeeper.snapshot import FileIndex, SnapshotIndex, iter_files
 from statekeeper.storage import BlobMeta, BlobStore
 
@@ -97,12 +98,11 @@ def verify_root(
 
 
 def _by_partition(blobs: BlobStore, operator: str) -> dict[int, list[BlobMeta]]:
-    prefix = f"{layout.validate_operator(operator)}/"
     out: dict[int, list[BlobMeta]] = {}
-    for meta in blobs.list(prefix):
-        head = meta.key[len(prefix) :].split("/", 1)[0]
-        if head.isdigit():
-            out.setdefault(int(head), []).append(meta)
+    for meta in blobs.list(layout.operator_prefix(operator)):
+        store = layout.parse_store_key(meta.key)
+        if store is not None and store[0] == operator:
+            out.setdefault(store[1], []).append(meta)
     return dict(sorted(out.items()))
 
 
@@ -142,6 +142,9 @@ class _StoreCheck:
         for key in changelogs.values():
             self._check_changelog(key)
             self._advance(progress, total)
+        for key in self.metas:
+            if layout.parse_metrics_key(key) is not None:
+                self._check_metrics(key)
         self._check_restorable(changelogs, indexes, prev_keys - set(self.metas))
         self.done = len(self.metas)
         if progress is not None:
@@ -158,14 +161,14 @@ class _StoreCheck:
             self.operator, self.partition, frozenset(changelogs), frozenset(indexes)
         )
         committed = set(changelogs) | set(indexes)
+        # Every committed version has a changelog or an index, and gc only removes the
+        # oldest ones: a hole between two committed versions is a missing blob.
+        for v in range(min(committed, default=0) + 1, max(committed, default=0)):
+            if v not in committed:
+                key = layout.changelog_key(self.operator, self.partition, v)
+                self.problem(key, "missing", f"store {self.store}: changelog {key} is missing")
         lost = committed - set(history.restorable_versions())
         if lost:
-            # Versions in neither set, below a lost one: their changelogs are the gap.
-            low = max((b for b in history.bases() if b < min(lost)), default=0)
-            for v in range(low + 1, max(lost)):
-                if v not in committed:
-                    key = layout.changelog_key(self.operator, self.partition, v)
-                    self.problem(key, "missing", f"store {self.store}: changelog {key} is missing")
             for key in sorted(missing_prev):  # a newer snapshot names it as its predecessor
                 if (layout.parse_snapshot_key(key) or 0) < min(lost):
                     self.problem(key, "missing", f"store {self.store}: snapshot {key} is missing")
@@ -195,6 +198,16 @@ class _StoreCheck:
         except CorruptStateError as exc:
             self.problem(key, "corrupt", f"store {self.store}: {exc}")
         self.report.blobs_checked += 1
+
+    def _check_metrics(self, key: str) -> None:
+        """Commit metrics are not state: only a deep check reads them."""
+        self.report.blobs_checked += 1
+        if not self.deep:
+            return
+        try:
+            decode_commit_metrics(self.blobs.get(key), blob=key)
+        except (CorruptStateError, StateNotFoundError) as exc:
+            self.problem(key, "corrupt", f"store {self.store}: {exc}")
 
     def _load_index(self, key: str) -> SnapshotIndex | None:
         self.report.blobs_checked += 1

@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import statekeeper as sk
+from statekeeper import layout
 from statekeeper.cli import cli
 from statekeeper.storage import BlobStore, open_blob_store
 
@@ -90,6 +91,13 @@ def build_root(uri: str, options: dict[str, str], work: Path) -> Built:
     ):
         for v in range(1, 4):
             _commit(built, store, {b"x%d" % v: b"y" * 100 * v})
+    # Commits record their latency in commit-metrics blobs; most tests here want a root
+    # without them (as written by a crash before any was flushed), so they are removed.
+    blobs = built.blobs()
+    try:
+        blobs.delete_many([m.key for m in blobs.list("") if layout.parse_metrics_key(m.key)])
+    finally:
+        blobs.close()
     return built
 
 

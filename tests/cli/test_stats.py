@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+import statekeeper as sk
 from statekeeper import layout, metrics
 from statekeeper.cli._render import block_plot, bucket, human_bytes, percentile, version_ranges
 from statekeeper.errors import CorruptStateError
@@ -120,6 +122,25 @@ def test_stats_shows_latency_from_commit_metrics_blobs(root: Built) -> None:
     assert "not recorded" not in out
 
 
+def test_commits_record_their_latency_and_stats_shows_it(tmp_path: Path) -> None:
+    backend = sk.StateBackend(
+        str(tmp_path / "root"), config=sk.StoreConfig(local_dir=str(tmp_path / "wc"))
+    )
+    with backend.open("op", 0, partitions=1) as store:
+        infos = []
+        for v in range(4):
+            store.put(b"k%d" % v, b"v" * 50)
+            infos.append(store.commit())
+    result = run("--json", "stats", str(tmp_path / "root"))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["latency_source"] == "commit-metrics blobs"
+    commits = doc["stores"][0]["commits"]
+    assert [c["version"] for c in commits] == [1, 2, 3, 4]
+    for c, info in zip(commits, infos, strict=True):
+        assert c["latency_ms"] == pytest.approx(info.duration_s * 1000, rel=1e-6, abs=1e-3)
+
+
 def test_stats_bad_input(root: Built) -> None:
     result = run("stats", root.uri, *root.opts, "nope")
     assert result.exit_code == 2
@@ -139,12 +160,12 @@ def test_commit_metrics_round_trip_and_keys() -> None:
     assert [d.version for d in decoded] == [2, 3]
     assert decoded[1] == entries[0]
     assert decoded[0].duration_ms == 250.0
-    key = metrics.metrics_key("op", 1, 3)
+    key = layout.metrics_key("op", 1, 3)
     assert key == "op/1/metrics/00000000000000000003.json"
     assert key.startswith(layout.store_prefix("op", 1))
-    assert metrics.parse_metrics_key(key) == 3
-    assert metrics.parse_metrics_key(layout.changelog_key("op", 1, 3)) is None
-    assert metrics.parse_metrics_key("op/1/metrics/3.json") is None
+    assert layout.parse_metrics_key(key) == 3
+    assert layout.parse_metrics_key(layout.changelog_key("op", 1, 3)) is None
+    assert layout.parse_metrics_key("op/1/metrics/3.json") is None
     with pytest.raises(ValueError, match="at least one"):
         metrics.encode_commit_metrics("op", 1, [])
 

@@ -34,7 +34,6 @@ __all__ = [
     "RootListing",
     "open_root",
     "root_arguments",
-    "store_of",
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -115,23 +114,6 @@ class MeteredBlobStore:
         return out
 
 
-def store_of(key: str) -> tuple[str, int] | None:
-    """The (operator, partition) whose blob ``key`` is, or ``None`` for root-level blobs.
-
-    The answer is checked against :func:`layout.store_prefix`, which stays the arbiter of
-    what a store's key looks like.
-    """
-    operator, sep, rest = key.partition("/")
-    part, sep2, _ = rest.partition("/")
-    if not (sep and sep2 and part.isdigit()):
-        return None
-    try:
-        prefix = layout.store_prefix(operator, int(part))
-    except (TypeError, ValueError):
-        return None
-    return (operator, int(part)) if key.startswith(prefix) else None
-
-
 @dataclass
 class RootListing:
     """Every blob of a root, from one listing, grouped by store."""
@@ -149,7 +131,7 @@ class RootListing:
         """
         listing = cls(blobs.list(""))
         for meta in listing.blobs:
-            store = store_of(meta.key)
+            store = layout.parse_store_key(meta.key)
             if store is not None:
                 listing.stores.setdefault(store, []).append(meta)
             elif (epoch := layout.parse_epoch_key(meta.key)) is not None:

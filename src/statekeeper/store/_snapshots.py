@@ -20,11 +20,18 @@ from pathlib import Path
 from statekeeper import layout
 from statekeeper.config import StoreConfig
 from statekeeper.errors import CommitConflictError, StateKeeperError, StateNotFoundError
+from statekeeper.metrics import CommitMetrics, write_commit_metrics
 from statekeeper.snapshot import SnapshotIndex, SnapshotMetrics, load_index, upload_snapshot
 from statekeeper.storage import BlobStore
 from statekeeper.store._working_copy import WorkingCopy
 
-__all__ = ["SnapshotJob", "Snapshotter", "release_checkpoint", "remove_stale_checkpoints"]
+__all__ = [
+    "SnapshotJob",
+    "Snapshotter",
+    "release_checkpoint",
+    "remove_stale_checkpoints",
+    "write_metrics_quietly",
+]
 
 _log = logging.getLogger("statekeeper.store")
 
@@ -47,6 +54,8 @@ class SnapshotJob:
         self._lock = threading.Lock()
         self._taken = False
         self._checkpoint: tuple[Path, int] | None = None
+        self.metrics: list[CommitMetrics] = []
+        """Commit metrics to write once the upload is done (off the commit path)."""
 
     def ensure_checkpoint(self) -> tuple[Path, int] | None:
         """Create the checkpoint if nobody did yet; ``None`` if the copy was already closed."""
@@ -113,6 +122,7 @@ class Snapshotter:
     def _run_logged(self, job: SnapshotJob) -> SnapshotMetrics | None:
         try:
             metrics = self.run(job)
+            write_metrics_quietly(self._blobs, job.operator, job.partition, job.metrics)
             if metrics is not None and self.after_upload is not None:
                 self.after_upload(job.operator, job.partition)
             return metrics
@@ -202,6 +212,18 @@ def remove_stale_checkpoints(copy_path: str) -> None:
             if child in _active:
                 continue
         shutil.rmtree(child, ignore_errors=True)
+
+
+def write_metrics_quietly(
+    blobs: BlobStore, operator: str, partition: int, metrics: list[CommitMetrics]
+) -> None:
+    """Write commit metrics if there are any; failures are logged, never raised."""
+    if not metrics:
+        return
+    try:
+        write_commit_metrics(blobs, operator, partition, metrics)
+    except StateKeeperError as exc:  # a re-run's duplicate, or storage trouble: only metrics
+        _log.info("commit metrics of %s/%s not written: %s", operator, partition, exc)
 
 
 def release_checkpoint(path: Path) -> None:

@@ -19,9 +19,10 @@ from statekeeper import layout
 from statekeeper.changelog import decode_changelog, encode_changelog
 from statekeeper.config import StoreConfig
 from statekeeper.errors import CommitConflictError, StateKeeperError
+from statekeeper.metrics import CommitMetrics, from_commit
 from statekeeper.snapshot import SnapshotMetrics
 from statekeeper.storage import BlobStore
-from statekeeper.store._snapshots import SnapshotJob, Snapshotter
+from statekeeper.store._snapshots import SnapshotJob, Snapshotter, write_metrics_quietly
 from statekeeper.store._working_copy import WorkingCopy
 
 __all__ = ["CommitInfo", "RestoreInfo", "StateStore"]
@@ -109,6 +110,7 @@ class StateStore:
         self._snapshotter = snapshotter
         self._last_snapshot = last_snapshot
         self._job: SnapshotJob | None = None
+        self._metrics: list[CommitMetrics] = []
         self.restore_info = restore_info
 
     def __repr__(self) -> str:
@@ -253,8 +255,20 @@ class StateStore:
             snapshot=self._config.mode == "snapshot",
             snapshot_scheduled=scheduled,
         )
+        self._metrics.append(
+            from_commit(info.version, info.duration_s, info.bytes_uploaded, len(records))
+        )
+        if self._job is not None and scheduled:
+            self._job.metrics, self._metrics = self._metrics, []  # written in the background
+        elif len(self._metrics) >= self._config.snapshot_every:
+            self._write_metrics()
         _log.debug("committed %s", info)
         return info
+
+    def _write_metrics(self) -> None:
+        """Write buffered commit metrics, best effort: they are never state."""
+        metrics, self._metrics = self._metrics, []
+        write_metrics_quietly(self._blobs, self._operator, self._partition, metrics)
 
     def _commit_changelog(self, records: list[tuple[bytes, bytes | None]]) -> tuple[str, int]:
         new_version = self._version + 1
@@ -353,6 +367,7 @@ class StateStore:
             return
         self._pending = {}
         self._state = _State.CLOSED
+        self._write_metrics()
         if self._job is not None:
             self._job.ensure_checkpoint()  # a scheduled snapshot needs its checkpoint first
         self._copy.close()
