@@ -1,0 +1,66 @@
+"""statekeeper for PySpark: stateful processors on streaming DataFrames.
+
+Modelled on Spark 4's ``transformWithStateInPandas``, with state kept in the Python worker
+(a local RocksDB working copy per partition) and made durable in a checkpoint root::
+
+    from statekeeper.spark import StatefulProcessor, transform_with_state, read_state
+
+    class RunningCount(StatefulProcessor):
+        def init(self, handle):
+            self.count = handle.value_state("count")
+
+        def handle_input_rows(self, key, rows):
+            n = (self.count.get() or 0) + len(rows)
+            self.count.update(n)
+            yield pd.DataFrame({"user": [key[0]], "count": [n]})
+
+    out = transform_with_state(df, keys=["user"], processor=RunningCount(),
+                               output_schema="user string, count long",
+                               checkpoint="s3://bucket/app/state", name="running_count",
+                               partitions=8)
+
+Micro-batch ``b`` loads state version ``b`` and commits ``b + 1``; re-running a batch is
+idempotent. Per-batch metrics are logged by logger ``statekeeper.spark`` and kept by
+:func:`state_listener`; epoch manifests are written to ``_epochs/`` in the root.
+"""
+
+from __future__ import annotations
+
+from statekeeper.spark._codec import Codec, DefaultCodec, PickleCodec
+from statekeeper.spark._epochs import EpochManifest, StoreEntry, latest_epoch, read_manifest
+from statekeeper.spark._filelock import StoreBusyError
+from statekeeper.spark._handles import ListState, MapState, StatefulProcessorHandle, ValueState
+from statekeeper.spark._keys import decode_key, encode_key
+from statekeeper.spark._listener import StateListener, state_listener
+from statekeeper.spark._metrics import BatchMetrics
+from statekeeper.spark._output import OutputSchemaError
+from statekeeper.spark._processor import StatefulProcessor
+from statekeeper.spark._read import read_state
+from statekeeper.spark._runner import PartitionStore
+from statekeeper.spark._transform import transform_with_state, transform_with_state_arrow
+
+__all__ = [
+    "BatchMetrics",
+    "Codec",
+    "DefaultCodec",
+    "EpochManifest",
+    "ListState",
+    "MapState",
+    "OutputSchemaError",
+    "PartitionStore",
+    "PickleCodec",
+    "StateListener",
+    "StatefulProcessor",
+    "StatefulProcessorHandle",
+    "StoreBusyError",
+    "StoreEntry",
+    "ValueState",
+    "decode_key",
+    "encode_key",
+    "latest_epoch",
+    "read_manifest",
+    "read_state",
+    "state_listener",
+    "transform_with_state",
+    "transform_with_state_arrow",
+]

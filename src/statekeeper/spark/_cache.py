@@ -1,0 +1,246 @@
+"""Worker-side reuse of open stores between tasks, guarded by a cross-process file lock.
+
+Spark keeps Python workers alive between tasks (``spark.python.worker.reuse``). A task of
+micro-batch ``b`` needs its partition's store at version ``b``; the previous task of that
+partition, if it ran in this worker, left the store open at exactly that version, so the
+next one continues without reading anything. Otherwise the store is (re)opened at ``b``: the
+local working copy is reused or caught up when it is at or behind ``b``, rebuilt from the
+root when it is ahead (a re-run) or belongs to another root.
+
+An open store holds its working copy's :class:`StoreLock` for as long as it stays cached.
+A janitor thread per worker hands idle stores over to other processes that ask for them,
+and closes stores idle for longer than ``_IDLE_CLOSE_S``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from statekeeper.config import StoreConfig
+from statekeeper.errors import StateKeeperError, StateNotFoundError
+from statekeeper.spark._filelock import StoreLock
+from statekeeper.store import RestoreInfo, StateBackend, StateStore
+
+__all__ = ["CACHE", "Lease", "StoreCache", "StoreSpec"]
+
+_log = logging.getLogger("statekeeper.spark")
+_JANITOR_POLL_S = 0.01
+_IDLE_CLOSE_S = 600.0
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """Where a task's stores live; picklable and hashable, credentials kept out of repr."""
+
+    root: str
+    operator: str
+    partitions: int
+    config: StoreConfig
+    storage_options: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    lock_timeout_s: float = 120.0
+
+    @staticmethod
+    def options(storage_options: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
+        """Storage options in the hashable form this spec holds."""
+        return tuple(sorted((str(k), str(v)) for k, v in (storage_options or {}).items()))
+
+
+@dataclass
+class Lease:
+    """A store handed to one task; give it back with :meth:`StoreCache.release`."""
+
+    store: StateStore
+    reused: bool
+    """True if the store was already open in this worker at the version asked for."""
+    open_s: float
+    """Seconds spent getting the store (lock wait, open and restore)."""
+    restore: RestoreInfo | None
+    """How the store was opened; ``None`` when reused."""
+    entry: _Entry = field(repr=False)
+
+
+@dataclass(eq=False)
+class _Entry:
+    key: tuple[str, str, int]
+    backend: StateBackend
+    lock: StoreLock
+    store: StateStore | None = None
+    busy: bool = False
+    idle_since: float = field(default_factory=time.monotonic)
+
+
+class StoreCache:
+    """Open backends and stores of one worker process. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._backends: dict[tuple[object, ...], StateBackend] = {}
+        self._entries: dict[tuple[str, str, int], _Entry] = {}
+        self._wake = threading.Event()
+        self._janitor: threading.Thread | None = None
+
+    def backend(self, spec: StoreSpec) -> StateBackend:
+        """The (cached) backend of ``spec``'s root and config.
+
+        Raises:
+            StateKeeperError, ValueError: as :class:`StateBackend`.
+        """
+        key = (spec.root, spec.config, spec.storage_options)
+        with self._mutex:
+            backend = self._backends.get(key)
+        if backend is None:
+            backend = StateBackend(
+                spec.root, config=spec.config, storage_options=dict(spec.storage_options) or None
+            )
+            with self._mutex:
+                backend = self._backends.setdefault(key, backend)
+        return backend
+
+    def acquire(self, spec: StoreSpec, partition: int, version: int) -> Lease:
+        """The store of (``spec.operator``, ``partition``) at exactly ``version``, for one task.
+
+        Raises:
+            StoreBusyError: another process kept the working copy locked too long.
+            StateNotFoundError: ``version`` is not in the root (the message says why).
+            StateKeeperError: the store is already leased in this process, or opening failed.
+        """
+        started = time.perf_counter()
+        entry = self._checkout(spec, partition)
+        try:
+            store, info = entry.store, None
+            if store is not None and (store.closed or store.version != version):
+                store.close()
+                store = entry.store = None
+            if store is None:
+                store = _open(entry.backend, spec, partition, version)
+                entry.store, info = store, store.restore_info
+        except BaseException:
+            self._evict(entry)
+            raise
+        return Lease(store, info is None, time.perf_counter() - started, info, entry)
+
+    def release(self, lease: Lease, *, ok: bool) -> None:
+        """Give a store back: kept open if the task succeeded, closed and forgotten if not."""
+        if not ok:
+            self._evict(lease.entry)
+            return
+        with self._mutex:
+            lease.entry.busy = False
+            lease.entry.idle_since = time.monotonic()
+        self._wake.set()  # a request may have come in while the task ran
+
+    def close_all(self) -> None:
+        """Close every idle store and release its lock (at worker exit, and in tests)."""
+        with self._mutex:
+            idle = [e for e in self._entries.values() if not e.busy]
+            for entry in idle:
+                del self._entries[entry.key]
+        for entry in idle:
+            _shutdown(entry)
+
+    def open_keys(self) -> list[tuple[str, str, int]]:
+        """(working copy, operator, partition) of every store open in this process."""
+        with self._mutex:
+            return sorted(self._entries)
+
+    def _checkout(self, spec: StoreSpec, partition: int) -> _Entry:
+        backend = self.backend(spec)
+        # The working copy's folder: one lock per folder, whichever root URI spelling.
+        path = backend._copy_path(spec.operator, partition)
+        key = (path, spec.operator, partition)
+        with self._mutex:
+            entry = self._entries.get(key)
+            if entry is not None:
+                if entry.busy:
+                    raise StateKeeperError(
+                        f"store {spec.operator}/{partition} is already in use by another task "
+                        "in this process"
+                    )
+                entry.busy = True
+                return entry
+        lock = StoreLock(path)
+        waited = lock.acquire(spec.lock_timeout_s)
+        if waited > 0.5:
+            _log.info(
+                "waited %.2f s for the working copy of %s/%s", waited, spec.operator, partition
+            )
+        entry = _Entry(key, backend, lock, busy=True)
+        with self._mutex:
+            self._entries[key] = entry
+        self._start_janitor()
+        return entry
+
+    def _evict(self, entry: _Entry) -> None:
+        with self._mutex:
+            if self._entries.get(entry.key) is entry:
+                del self._entries[entry.key]
+        _shutdown(entry)
+
+    def _start_janitor(self) -> None:
+        with self._mutex:
+            if self._janitor is not None:
+                return
+            self._janitor = threading.Thread(
+                target=self._janitor_loop, name="statekeeper-janitor", daemon=True
+            )
+        self._janitor.start()
+
+    def _janitor_loop(self) -> None:
+        while True:
+            self._wake.wait(_JANITOR_POLL_S)
+            self._wake.clear()
+            now = time.monotonic()
+            with self._mutex:
+                doomed = [
+                    e
+                    for e in self._entries.values()
+                    if not e.busy and (e.lock.requested() or now - e.idle_since > _IDLE_CLOSE_S)
+                ]
+                for entry in doomed:
+                    del self._entries[entry.key]
+            for entry in doomed:
+                try:
+                    _shutdown(entry)
+                except (StateKeeperError, OSError):  # the janitor must survive
+                    _log.exception("could not release the store of %s", entry.key[0])
+
+
+def _open(backend: StateBackend, spec: StoreSpec, partition: int, version: int) -> StateStore:
+    try:
+        return backend.open(spec.operator, partition, version, partitions=spec.partitions)
+    except StateNotFoundError as exc:
+        versions = backend.versions(spec.operator, partition)
+        held = f"versions {versions[0]}..{versions[-1]}" if versions else "no version"
+        raise StateNotFoundError(
+            f"micro-batch {version} of operator {spec.operator!r} needs version {version} of "
+            f"partition {partition}, but the checkpoint root holds {held}: the streaming "
+            "query's checkpointLocation and the state root disagree (a new checkpointLocation "
+            "on an old root, or the reverse), or an earlier micro-batch did not run this "
+            f"operator ({exc})"
+        ) from exc
+
+
+def _shutdown(entry: _Entry) -> None:
+    """Close the store, let its snapshot uploads finish, then unlock the working copy.
+
+    Uploads run from a checkpoint folder beside the working copy; the next process to open
+    the copy deletes such folders as stale, so the lock is held until they are done.
+    """
+    try:
+        if entry.store is not None:
+            entry.store.close()
+            entry.store = None
+            entry.backend.wait_for_snapshots()
+    finally:
+        entry.lock.release()
+
+
+CACHE = StoreCache()
+"""The cache of this Python process."""
+
+atexit.register(CACHE.close_all)

@@ -1,0 +1,260 @@
+"""Epoch manifests: after micro-batch ``b`` the driver records every partition's state.
+
+``_epochs/<b:020d>.json`` (key from :func:`statekeeper.layout.epoch_key`), written create-only
+once all partitions of the batch committed (Dozer's ``finalize_epoch``; Samza's checkpoint
+topic). For each operator and partition it names the committed version (``b + 1``), the blob
+that committed it, and the newest snapshot index at or below it. Tools and garbage collection
+may use it as a consistent cut of the root; nothing's correctness depends on it: every fact in
+it can be re-derived by listing the root.
+
+Document (``formatVersion`` 1)::
+
+    {"format": "statekeeper.epoch", "formatVersion": 1, "epoch": 7,
+     "queryId": "...", "runId": "...", "createdTimeMs": 1700000000000,
+     "operators": {"counts": {"partitions": 2, "stores": [
+         {"partition": 0, "version": 8, "commitBlob": "counts/0/changelog/...8.changelog",
+          "snapshotVersion": 5, "snapshotIndex": "counts/0/snapshot/...5.index.json"}, ...]}}}
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from statekeeper import layout
+from statekeeper.errors import (
+    CommitConflictError,
+    ConfigMismatchError,
+    CorruptStateError,
+    StateNotFoundError,
+)
+from statekeeper.storage import BlobStore
+
+__all__ = [
+    "EpochManifest",
+    "StoreEntry",
+    "build_manifest",
+    "latest_epoch",
+    "read_manifest",
+    "write_manifest",
+]
+
+FORMAT = "statekeeper.epoch"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class StoreEntry:
+    """One partition's state after the epoch."""
+
+    partition: int
+    version: int
+    commit_blob: str | None
+    snapshot_version: int | None
+    snapshot_index: str | None
+
+
+@dataclass(frozen=True)
+class EpochManifest:
+    """The state of every operator of one micro-batch in one checkpoint root."""
+
+    epoch: int
+    query_id: str
+    run_id: str | None
+    created_time_ms: int
+    partitions: dict[str, int]
+    """Operator -> partition count."""
+    stores: dict[str, list[StoreEntry]]
+    """Operator -> one entry per partition, in partition order."""
+
+    def to_json(self) -> bytes:
+        """The stored document."""
+        doc = {
+            "format": FORMAT,
+            "formatVersion": FORMAT_VERSION,
+            "epoch": self.epoch,
+            "queryId": self.query_id,
+            "runId": self.run_id,
+            "createdTimeMs": self.created_time_ms,
+            "operators": {
+                op: {
+                    "partitions": self.partitions[op],
+                    "stores": [_entry_json(e) for e in self.stores[op]],
+                }
+                for op in sorted(self.stores)
+            },
+        }
+        return json.dumps(doc, indent=1, sort_keys=True).encode("utf-8") + b"\n"
+
+    @classmethod
+    def from_json(cls, data: bytes, *, blob: str) -> EpochManifest:
+        """Parse a stored manifest.
+
+        Raises:
+            CorruptStateError: not an epoch manifest (names ``blob``).
+            ConfigMismatchError: written by a newer format version.
+        """
+        try:
+            doc = json.loads(data)
+            if doc.get("format") != FORMAT:
+                raise ValueError("not an epoch manifest")
+            version = int(doc["formatVersion"])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CorruptStateError(f"epoch manifest {blob} is not valid: {exc}") from exc
+        if version > FORMAT_VERSION:
+            raise ConfigMismatchError(
+                f"epoch manifest {blob} has format version {version}; this statekeeper reads "
+                f"versions <= {FORMAT_VERSION}: upgrade statekeeper"
+            )
+        try:
+            ops = doc["operators"]
+            return cls(
+                epoch=int(doc["epoch"]),
+                query_id=str(doc["queryId"]),
+                run_id=doc.get("runId"),
+                created_time_ms=int(doc["createdTimeMs"]),
+                partitions={op: int(o["partitions"]) for op, o in ops.items()},
+                stores={op: [_entry(e) for e in o["stores"]] for op, o in ops.items()},
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CorruptStateError(f"epoch manifest {blob} is not valid: {exc!r}") from exc
+
+    def versions(self) -> dict[str, list[int]]:
+        """Operator -> committed version per partition."""
+        return {op: [e.version for e in entries] for op, entries in self.stores.items()}
+
+
+def _entry_json(entry: StoreEntry) -> dict[str, Any]:
+    return {
+        "partition": entry.partition,
+        "version": entry.version,
+        "commitBlob": entry.commit_blob,
+        "snapshotVersion": entry.snapshot_version,
+        "snapshotIndex": entry.snapshot_index,
+    }
+
+
+def _entry(doc: Mapping[str, Any]) -> StoreEntry:
+    snap = doc.get("snapshotVersion")
+    return StoreEntry(
+        partition=int(doc["partition"]),
+        version=int(doc["version"]),
+        commit_blob=doc.get("commitBlob"),
+        snapshot_version=None if snap is None else int(snap),
+        snapshot_index=doc.get("snapshotIndex"),
+    )
+
+
+def build_manifest(
+    blobs: BlobStore,
+    *,
+    epoch: int,
+    query_id: str,
+    run_id: str | None,
+    operators: Mapping[str, tuple[int, Mapping[int, str]]],
+) -> tuple[EpochManifest | None, str]:
+    """Describe the root after ``epoch``: operator -> (partition count, {partition: blob}).
+
+    Partitions without a reported commit blob are looked up in the root; the newest
+    snapshot of each partition is found by listing its (short) snapshot folder.
+
+    Returns:
+        The manifest, or ``None`` and the reason when some partition has not committed
+        version ``epoch + 1``.
+
+    Raises:
+        StorageError: a listing or lookup failed.
+    """
+    version = epoch + 1
+    stores: dict[str, list[StoreEntry]] = {}
+    for op, (count, reported) in operators.items():
+        entries = []
+        for p in range(count):
+            blob = reported.get(p) or _find_commit(blobs, op, p, version)
+            if blob is None:
+                return None, f"partition {p} of operator {op!r} has not committed version {version}"
+            snaps = [
+                v
+                for meta in blobs.list(layout.snapshot_prefix(op, p))
+                if (v := layout.parse_snapshot_key(meta.key)) is not None and v <= version
+            ]
+            snap = max(snaps, default=None)
+            index = None if snap is None else layout.snapshot_index_key(op, p, snap)
+            entries.append(StoreEntry(p, version, blob, snap, index))
+        stores[op] = entries
+    manifest = EpochManifest(
+        epoch=epoch,
+        query_id=query_id,
+        run_id=run_id,
+        created_time_ms=int(time.time() * 1000),
+        partitions={op: count for op, (count, _) in operators.items()},
+        stores=stores,
+    )
+    return manifest, ""
+
+
+def _find_commit(blobs: BlobStore, operator: str, partition: int, version: int) -> str | None:
+    for key in (
+        layout.changelog_key(operator, partition, version),
+        layout.snapshot_index_key(operator, partition, version),
+    ):
+        try:
+            blobs.head(key)
+            return key
+        except StateNotFoundError:
+            continue
+    return None
+
+
+def write_manifest(blobs: BlobStore, manifest: EpochManifest) -> bool:
+    """Write ``manifest`` create-only; False if that epoch's manifest exists already.
+
+    An existing manifest with the same versions is a re-run of the epoch (a restarted query
+    replays its last batch): nothing to do.
+
+    Raises:
+        CommitConflictError: the existing manifest records different versions.
+        StorageError: the write failed.
+    """
+    key = layout.epoch_key(manifest.epoch)
+    try:
+        blobs.put(key, manifest.to_json())
+        return True
+    except CommitConflictError:
+        existing = EpochManifest.from_json(blobs.get(key), blob=key)
+        ours = manifest.versions()
+        theirs = existing.versions()
+        if all(theirs.get(op) == versions for op, versions in ours.items()):
+            return False
+        raise CommitConflictError(
+            f"epoch manifest {key} exists with other versions ({theirs}) than this run's "
+            f"({ours}): is another query writing epochs to this checkpoint root?"
+        ) from None
+
+
+def read_manifest(blobs: BlobStore, epoch: int) -> EpochManifest:
+    """Read the manifest of ``epoch``.
+
+    Raises:
+        StateNotFoundError: no manifest for ``epoch``.
+        CorruptStateError, ConfigMismatchError: as :meth:`EpochManifest.from_json`.
+    """
+    key = layout.epoch_key(epoch)
+    return EpochManifest.from_json(blobs.get(key), blob=key)
+
+
+def latest_epoch(blobs: BlobStore) -> int | None:
+    """The newest epoch with a manifest, or ``None``.
+
+    Raises:
+        StorageError: the listing failed.
+    """
+    epochs = [
+        e
+        for m in blobs.list(layout.epochs_prefix())
+        if (e := layout.parse_epoch_key(m.key)) is not None
+    ]
+    return max(epochs, default=None)

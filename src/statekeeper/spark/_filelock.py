@@ -1,0 +1,124 @@
+"""A cross-process lock per local working copy, with a polite way to ask the holder to let go.
+
+Only one process at a time may use a working copy (RocksDB allows one handle per directory).
+Spark keeps Python workers alive between tasks, and a worker keeps its stores open for the
+next task of the same partition; when a task of that partition lands in *another* worker on
+the same host, that worker asks for the lock by creating a *request file* next to it. The
+holder's janitor thread (see ``_cache``) sees the request, closes the idle store and
+unlocks; the waiter gets the lock. A holder that is busy (its task still runs) or dead
+(the OS releases ``flock`` locks of dead processes) needs no cooperation: the waiter waits
+until the task ends, up to a timeout, and then fails with an error naming the directory
+and the holder's pid.
+
+The lock is ``fcntl.flock`` on ``<working copy>.lock``; lock files are never deleted (a
+deleted lock file lets two processes lock two different inodes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+
+from statekeeper.errors import StateKeeperError
+
+__all__ = ["StoreBusyError", "StoreLock"]
+
+_POLL_MIN_S = 0.002
+_POLL_MAX_S = 0.05
+
+
+class StoreBusyError(StateKeeperError, TimeoutError):
+    """Another process kept a local working copy locked for longer than the lock timeout."""
+
+
+class StoreLock:
+    """Exclusive lock of one working copy directory, shared by the processes of a host."""
+
+    def __init__(self, copy_path: str) -> None:
+        """Lock for the working copy at ``copy_path`` (the lock file sits beside it)."""
+        self.path = f"{copy_path}.lock"
+        self.request_path = f"{copy_path}.lock.request"
+        self._fd: int | None = None
+
+    def __repr__(self) -> str:
+        return f"StoreLock({self.path!r}, held={self.held})"
+
+    @property
+    def held(self) -> bool:
+        """True while this object holds the lock."""
+        return self._fd is not None
+
+    def acquire(self, timeout_s: float) -> float:
+        """Take the lock, asking an idle holder to release it; returns seconds waited.
+
+        Raises:
+            StoreBusyError: still held by another process after ``timeout_s``.
+            StateKeeperError: already held by this object, or the lock file cannot be opened.
+        """
+        if self._fd is not None:
+            raise StateKeeperError(f"{self!r} is already held")
+        started = time.monotonic()
+        fd = self._open()
+        delay = _POLL_MIN_S
+        try:
+            while not _try_lock(fd):
+                waited = time.monotonic() - started
+                if waited >= timeout_s:
+                    raise StoreBusyError(self._busy_message(fd, waited))
+                self._request()
+                time.sleep(delay)
+                delay = min(delay * 2, _POLL_MAX_S)
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.request_path)  # served; other waiters renew their own request
+        self._fd = fd
+        return time.monotonic() - started
+
+    def requested(self) -> bool:
+        """True if another process asked for the lock since it was last taken."""
+        return os.path.exists(self.request_path)
+
+    def release(self) -> None:
+        """Release the lock. Idempotent."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def _open(self) -> int:
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StateKeeperError(f"cannot open the lock file {self.path}: {exc}") from exc
+
+    def _request(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(os.open(self.request_path, os.O_WRONLY | os.O_CREAT, 0o644))
+
+    def _busy_message(self, fd: int, waited: float) -> str:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        return (
+            f"the local working copy {self.path.removesuffix('.lock')} is locked by another "
+            f"process (pid {holder}); gave up after {waited:.1f} s. Only one process at a time "
+            "may use a working copy: is another query using the same checkpoint root, operator "
+            "and local_dir, or is a task of this partition still running? Raise lock_timeout_s "
+            "if tasks are just slow"
+        )
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+            return False
+        raise StateKeeperError(f"cannot lock a working copy: {exc}") from exc
+    return True

@@ -1,0 +1,251 @@
+"""Running one partition of one micro-batch: grouping, the processor, the vectorized function.
+
+Nothing here knows Spark; the task functions in ``_transform`` feed it Arrow batches and a
+leased store, and tests drive it directly with an explicit clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd  # type: ignore[import-untyped]
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+from statekeeper.spark._handles import StatefulProcessorHandle
+from statekeeper.spark._output import OutputWriter, conform_batch
+from statekeeper.spark._processor import StatefulProcessor
+from statekeeper.spark._statekeys import META_KEY, OperatorRecord, check_keys
+from statekeeper.store import StateStore
+
+__all__ = [
+    "ArrowFunction",
+    "PartitionStore",
+    "RunStats",
+    "iter_groups",
+    "run_arrow",
+    "run_processor",
+]
+
+
+@dataclass
+class RunStats:
+    """Counters of one partition's run."""
+
+    rows_in: int = 0
+    rows_out: int = 0
+    keys: int = 0
+    expired: int = 0
+
+
+def iter_groups(table: Any, keys: Sequence[str]) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """Split ``table`` into (key tuple, pandas DataFrame of that key's rows), in key order.
+
+    Rows keep their arrival order within a key (the sort is stable). Nulls form their own
+    key, and so do NaNs, as in Spark's grouping.
+    """
+    if table.num_rows == 0:
+        return
+    # Nulls sort last by default; NaNs just before them.
+    order = pc.sort_indices(table, sort_keys=[(k, "ascending") for k in keys])
+    ordered = table.take(order)
+    starts = _group_starts(ordered, keys)
+    key_columns = [ordered.column(k).take(pa.array(starts)).to_pylist() for k in keys]
+    frame = ordered.to_pandas()
+    bounds = [*starts.tolist(), ordered.num_rows]
+    for i, key in enumerate(zip(*key_columns, strict=True)):
+        yield key, frame.iloc[bounds[i] : bounds[i + 1]]
+
+
+def _group_starts(table: Any, keys: Sequence[str]) -> Any:
+    """Row indices where a new key starts in a table sorted by ``keys``."""
+    n = table.num_rows
+    change = np.zeros(max(n - 1, 0), dtype=bool)
+    for k in keys:
+        column = table.column(k).combine_chunks()
+        after, before = column.slice(1), column.slice(0, n - 1)
+        differs = pc.fill_null(pc.not_equal(after, before), False)
+        differs = pc.or_(differs, pc.xor(pc.is_null(after), pc.is_null(before)))
+        if pa.types.is_floating(column.type):
+            both_nan = pc.fill_null(pc.and_(pc.is_nan(after), pc.is_nan(before)), False)
+            differs = pc.and_(differs, pc.invert(both_nan))
+        change |= differs.to_numpy(zero_copy_only=False)
+    return np.concatenate([[0], np.flatnonzero(change) + 1]).astype(np.int64)
+
+
+def _frames(out: Any, where: str) -> Iterable[Any]:
+    if out is None:
+        return ()
+    if isinstance(out, pd.DataFrame):
+        return (out,)
+    if isinstance(out, Iterable):
+        return out
+    raise TypeError(
+        f"{where}: handle_input_rows must return an iterator of DataFrames, got {out!r}"
+    )
+
+
+def _record_operator(
+    store: StateStore,
+    handle: StatefulProcessorHandle,
+    keys: Sequence[str],
+    key_schema: str | None,
+    operator: str,
+) -> None:
+    """Keep the store's operator record (key columns, declared states) up to date."""
+    raw = store.get(META_KEY)
+    if raw is None:
+        record = OperatorRecord(tuple(keys), key_schema)
+    else:
+        record = OperatorRecord.from_bytes(raw)
+        check_keys(record, tuple(keys), operator)
+        if key_schema is not None:
+            record = dataclasses.replace(record, key_schema=key_schema)
+    data = record.merged(handle.declared()).to_bytes()
+    if data != raw:
+        store.put(META_KEY, data)
+
+
+def run_processor(
+    store: StateStore,
+    processor: StatefulProcessor,
+    table: Any,
+    *,
+    keys: Sequence[str],
+    output_schema: Any,
+    operator: str,
+    batch_id: int,
+    partition: int,
+    now_ms: int | None,
+    key_schema: str | None = None,
+    stats: RunStats | None = None,
+) -> Iterator[Any]:
+    """Run ``processor`` over one partition's input; yields checked output batches.
+
+    Writes go to ``store`` uncommitted; the caller commits after the last batch.
+
+    Raises:
+        OutputSchemaError: an output batch does not match ``output_schema``.
+        ConfigMismatchError: the keys or a state's kind differ from what the store holds.
+        Exception: whatever the processor raises.
+    """
+    stats = stats if stats is not None else RunStats()
+    stats.rows_in += table.num_rows
+    where = f"operator {operator!r} partition {partition} micro-batch {batch_id}"
+    handle = StatefulProcessorHandle(store, now_ms=now_ms, batch_id=batch_id, partition=partition)
+    processor.init(handle)
+    _record_operator(store, handle, keys, key_schema, operator)
+    writer = OutputWriter(output_schema, where)
+    for key, rows in iter_groups(table, keys):
+        handle.set_key(key)
+        stats.keys += 1
+        for frame in _frames(processor.handle_input_rows(key, rows), where):
+            yield from writer.add(frame)
+    handle.set_key(None)
+    processor.close()
+    yield from writer.flush()
+    stats.rows_out += writer.rows_out
+    stats.expired += handle.expire()
+
+
+class PartitionStore:
+    """One partition's store for one micro-batch, as a vectorized function sees it.
+
+    Reads and writes of :class:`~statekeeper.StateStore` plus batched writes; committing is
+    left to statekeeper (after the function's last output batch).
+    """
+
+    def __init__(self, store: StateStore, *, batch_id: int, partition: int) -> None:
+        """Wrap ``store`` for micro-batch ``batch_id``."""
+        self._store = store
+        self.batch_id = batch_id
+        self.partition = partition
+
+    def __repr__(self) -> str:
+        return f"PartitionStore(partition={self.partition}, batch_id={self.batch_id})"
+
+    @property
+    def version(self) -> int:
+        """The committed version loaded (``batch_id``)."""
+        return self._store.version
+
+    def get(self, key: bytes) -> bytes | None:
+        """As :meth:`StateStore.get`."""
+        return self._store.get(key)
+
+    def multi_get(self, keys: Iterable[bytes]) -> list[bytes | None]:
+        """As :meth:`StateStore.multi_get`."""
+        return self._store.multi_get(keys)
+
+    def scan(self, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        """As :meth:`StateStore.scan`."""
+        return self._store.scan(prefix)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        """As :meth:`StateStore.put`."""
+        self._store.put(key, value)
+
+    def delete(self, key: bytes) -> None:
+        """As :meth:`StateStore.delete`."""
+        self._store.delete(key)
+
+    def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
+        """Put every (key, value) pair.
+
+        Raises:
+            TypeError, ValueError: as :meth:`StateStore.put`.
+        """
+        put = self._store.put
+        for key, value in items:
+            put(key, value)
+
+    def delete_many(self, keys: Iterable[bytes]) -> None:
+        """Delete every key."""
+        delete = self._store.delete
+        for key in keys:
+            delete(key)
+
+
+ArrowFunction = Callable[[PartitionStore, Iterator[Any]], Iterable[Any]]
+"""``fn(store, batches) -> batches``: a partition's input and output as pyarrow RecordBatches."""
+
+
+def run_arrow(
+    store: StateStore,
+    fn: ArrowFunction,
+    batches: Iterator[Any],
+    *,
+    output_schema: Any,
+    operator: str,
+    batch_id: int,
+    partition: int,
+    stats: RunStats | None = None,
+) -> Iterator[Any]:
+    """Run a vectorized function over one partition; yields checked output batches.
+
+    Input the function leaves unread is drained (and counted) afterwards.
+
+    Raises:
+        OutputSchemaError: an output batch does not match ``output_schema``.
+        Exception: whatever ``fn`` raises.
+    """
+    stats = stats if stats is not None else RunStats()
+    where = f"operator {operator!r} partition {partition} micro-batch {batch_id}"
+
+    def counted() -> Iterator[Any]:
+        for batch in batches:
+            stats.rows_in += batch.num_rows
+            yield batch
+
+    source = counted()
+    view = PartitionStore(store, batch_id=batch_id, partition=partition)
+    for out in fn(view, source):
+        batch = conform_batch(out, output_schema, where)
+        stats.rows_out += batch.num_rows
+        yield batch
+    for _ in source:
+        pass

@@ -1,0 +1,94 @@
+"""Input files, streaming runs and expected results shared by the Spark tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+INPUT_SCHEMA = "k string, v long"
+OUTPUT_SCHEMA = "k string, count long, sum long"
+
+Rows = list[tuple[str, int]]
+
+
+def make_input(seed: int, files: int, rows: int = 30, keys: int = 10) -> list[Rows]:
+    """``files`` batches of (key, value) rows; keys repeat within and across batches."""
+    rng = random.Random(seed)
+    return [
+        [(f"key-{rng.randrange(keys):02d}", rng.randrange(-50, 100)) for _ in range(rows)]
+        for _ in range(files)
+    ]
+
+
+def write_files(folder: Path, batches: list[Rows], start: int = 0) -> None:
+    """One JSON-lines file per batch, with increasing modification times (the order the
+    file source reads them in)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    base = time.time() - 1000
+    for i, rows in enumerate(batches, start):
+        path = folder / f"part-{i:04d}.json"
+        tmp = folder / f".part-{i:04d}.tmp"
+        tmp.write_text("".join(json.dumps({"k": k, "v": v}) + "\n" for k, v in rows))
+        os.utime(tmp, (base + i, base + i))
+        tmp.rename(path)
+
+
+def read_stream(spark: SparkSession, folder: Path) -> DataFrame:
+    """The input folder (created if missing) as a stream, one file per micro-batch."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).json(str(folder))
+
+
+def run_to_end(
+    out: DataFrame, sink: Path, checkpoint: Path, timeout: float = 120
+) -> StreamingQuery:
+    """Run ``out`` into a parquet sink until every available file is processed."""
+    query = (
+        out.writeStream.format("parquet")
+        .option("path", str(sink))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    finished = query.awaitTermination(timeout)
+    assert finished, "the streaming query did not finish in time"
+    if query.exception() is not None:
+        raise AssertionError(f"query failed: {query.exception()}")
+    return query
+
+
+def batch_totals(spark: SparkSession, folder: Path) -> dict[str, tuple[int, int]]:
+    """Count and sum per key over all input, by a batch groupBy."""
+    rows = (
+        spark.read.schema(INPUT_SCHEMA)
+        .json(str(folder))
+        .groupBy("k")
+        .agg(F.count("*").alias("n"), F.sum("v").alias("s"))
+        .collect()
+    )
+    return {r["k"]: (r["n"], r["s"]) for r in rows}
+
+
+def sink_latest(spark: SparkSession, sink: Path) -> dict[str, tuple[int, int]]:
+    """The latest (highest-count) output row per key in the sink."""
+    latest: dict[str, tuple[int, int]] = {}
+    for r in spark.read.parquet(str(sink)).collect():
+        if r["k"] not in latest or r["count"] > latest[r["k"]][0]:
+            latest[r["k"]] = (r["count"], r["sum"])
+    return latest
+
+
+def state_totals(state: DataFrame) -> dict[str, tuple[int, int]]:
+    """Count and sum per key from a read_state DataFrame of RunningCountSum."""
+    found: dict[str, dict[str, Any]] = {}
+    for r in state.collect():
+        found.setdefault(r["k"], {})[r["state"]] = json.loads(r["value"])
+    return {k: (v["count"], v["sum"]) for k, v in found.items()}

@@ -1,0 +1,141 @@
+"""Processors and functions run inside Spark by the tests (pickled by value, see conftest)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+from pyspark import TaskContext
+
+from statekeeper.spark import (
+    PartitionStore,
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    encode_key,
+)
+
+
+class RunningCountSum(StatefulProcessor):
+    """Running count and sum of ``v`` per key ``k``; emits the new totals of each key."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.count = handle.value_state("count")
+        self.total = handle.value_state("sum")
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        n = (self.count.get() or 0) + len(rows)
+        s = (self.total.get() or 0) + int(rows["v"].sum())
+        self.count.update(n)
+        self.total.update(s)
+        yield pd.DataFrame({"k": [key[0]], "count": [n], "sum": [s]})
+
+
+class FailOnce(RunningCountSum):
+    """Like RunningCountSum, but the first attempt of batch ``fail_batch`` raises after it
+    has already updated the state of ``fail_after`` keys of its partition."""
+
+    def __init__(self, marker_dir: str, fail_batch: int, fail_after: int = 1) -> None:
+        self.marker_dir = marker_dir
+        self.fail_batch = fail_batch
+        self.fail_after = fail_after
+        self.seen = 0
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        yield from super().handle_input_rows(key, rows)
+        self.seen += 1
+        tc = TaskContext.get()
+        assert tc is not None
+        if (
+            self.handle.batch_id == self.fail_batch
+            and tc.attemptNumber() == 0
+            and self.seen > self.fail_after
+        ):
+            marker = os.path.join(self.marker_dir, f"failed-{tc.partitionId()}")
+            with open(marker, "w") as fh:
+                fh.write(str(key))
+            raise RuntimeError(f"injected failure at key {key}")
+
+
+class WrongOutputType(StatefulProcessor):
+    """Emits ``count`` as a string although the schema declares a long."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.count = handle.value_state("count")
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        self.count.update(len(rows))
+        yield pd.DataFrame({"k": [key[0]], "count": [str(len(rows))]})
+
+
+def arrow_count_sum(store: PartitionStore, batches: Iterator[Any]) -> Iterator[Any]:
+    """Vectorized running count and sum per ``k``: one multi_get and put_many per batch."""
+    totals: dict[bytes, tuple[str, int, int]] = {}
+    for batch in batches:
+        frame = batch.to_pandas()
+        grouped = frame.groupby("k", sort=False)["v"].agg(["count", "sum"])
+        keys = [encode_key((k,)) for k in grouped.index]
+        for key, old in zip(keys, store.multi_get(keys), strict=True):
+            if key not in totals:
+                n, s = (0, 0) if old is None else map(int, old.split(b","))
+                totals[key] = ("", n, s)
+        for key, k, n, s in zip(keys, grouped.index, grouped["count"], grouped["sum"], strict=True):
+            _, n0, s0 = totals[key]
+            totals[key] = (str(k), n0 + int(n), s0 + int(s))
+    store.put_many((key, f"{n},{s}".encode()) for key, (_, n, s) in totals.items())
+    if totals:
+        rows = list(totals.values())
+        yield pa.RecordBatch.from_pydict(
+            {
+                "k": [r[0] for r in rows],
+                "count": pa.array([r[1] for r in rows], pa.int64()),
+                "sum": pa.array([r[2] for r in rows], pa.int64()),
+            }
+        )
+
+
+class TtlHistory(StatefulProcessor):
+    """Keeps every value of a key in a list with a TTL, and the count in a value with one;
+    the expiry times come from the micro-batch timestamp."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.count = handle.value_state("count", ttl=3600)
+        self.values = handle.list_state("values", ttl=3600)
+        self.last = handle.map_state("last", ttl=3600)
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        values = [int(v) for v in rows["v"]]
+        self.values.extend(values)
+        self.last.put("batch", self.handle.batch_id)
+        n = (self.count.get() or 0) + len(values)
+        self.count.update(n)
+        yield pd.DataFrame({"k": [key[0]], "count": [n], "sum": [sum(self.values.get())]})
+
+
+class TypedEcho(StatefulProcessor):
+    """Keyed by (an int, a date); emits one row per key with many column types."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.seen = handle.value_state("seen")
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        n = (self.seen.get() or 0) + len(rows)
+        self.seen.update(n)
+        yield pd.DataFrame(
+            {
+                "id": [key[0]],
+                "day": [key[1]],
+                "n": [n],
+                "ratio": [n / 2],
+                "flag": [n % 2 == 0],
+                "at": [pd.Timestamp("2024-01-02 03:04:05")],
+                "amount": [Decimal("1.25") * n],
+                "raw": [b"\x00\x01"],
+                "note": [None],
+            }
+        )

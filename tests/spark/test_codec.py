@@ -1,0 +1,92 @@
+"""The default value codec is safe and versioned; pickle only when asked for."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from statekeeper import CorruptStateError
+from statekeeper.spark import DefaultCodec, PickleCodec
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(),
+    st.binary(),
+    st.datetimes(),
+    st.datetimes(timezones=st.timezones()),
+    st.dates(),
+    st.times(),
+    st.timedeltas(),
+    st.decimals(allow_nan=False),
+)
+hashables = st.one_of(st.none(), st.booleans(), st.integers(), st.text(), st.binary())
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.tuples(inner, inner),
+        st.dictionaries(hashables, inner, max_size=4),
+    ),
+    max_leaves=20,
+)
+
+
+@given(values)
+def test_round_trip_keeps_value_and_type(value: object) -> None:
+    codec = DefaultCodec()
+    data = codec.encode(value)
+    assert data[0] == 0x01  # the format byte
+    decoded = codec.decode(data)
+    assert decoded == value
+    assert type(decoded) is type(value) or isinstance(value, dt.datetime)
+
+
+def test_numpy_and_pandas_values_are_stored_as_python_values() -> None:
+    codec = DefaultCodec()
+    assert codec.decode(codec.encode(np.int64(5))) == 5
+    assert type(codec.decode(codec.encode(np.int64(5)))) is int
+    assert type(codec.decode(codec.encode(np.float64(1.5)))) is float
+    assert codec.decode(codec.encode(np.bool_(True))) is True
+    stamp = pd.Timestamp("2024-05-01 12:00:00.123456789")
+    assert codec.decode(codec.encode(stamp)) == dt.datetime(2024, 5, 1, 12, 0, 0, 123456)
+    assert codec.decode(codec.encode([np.int32(1), Decimal("1.5")])) == [1, Decimal("1.5")]
+
+
+def test_the_default_codec_never_unpickles() -> None:
+    pickled = PickleCodec().encode({1, 2})
+    with pytest.raises(CorruptStateError, match=r"never unpickles .* codec=PickleCodec"):
+        DefaultCodec().decode(pickled)
+    assert PickleCodec().decode(pickled) == {1, 2}
+    assert PickleCodec().decode(DefaultCodec().encode([1])) == [1]
+
+
+def test_unknown_formats_and_malformed_bytes_are_refused() -> None:
+    codec = DefaultCodec()
+    with pytest.raises(CorruptStateError, match="format byte 0x02"):
+        codec.decode(b"\x02abc")
+    with pytest.raises(CorruptStateError, match="malformed"):
+        codec.decode(codec.encode("hello")[:-2])
+    with pytest.raises(CorruptStateError, match="trailing"):
+        codec.decode(codec.encode(1) + b"\x00")
+    with pytest.raises(CorruptStateError, match="malformed"):
+        codec.decode(b"\x01\x7f")
+    with pytest.raises(CorruptStateError, match="empty"):
+        codec.decode(b"")
+
+
+def test_unsupported_values_are_named() -> None:
+    with pytest.raises(TypeError, match=r"cannot store a set.*PickleCodec"):
+        DefaultCodec().encode({1})
+    nested: list[object] = []
+    nested.append(nested)
+    with pytest.raises(ValueError, match="deeper than"):
+        DefaultCodec().encode(nested)

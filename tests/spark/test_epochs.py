@@ -1,0 +1,117 @@
+"""Epoch manifests, task reports and their aggregation into batch metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from statekeeper import (
+    CommitConflictError,
+    ConfigMismatchError,
+    CorruptStateError,
+    StateBackend,
+    StoreConfig,
+    layout,
+)
+from statekeeper.spark import EpochManifest, latest_epoch, read_manifest
+from statekeeper.spark._epochs import build_manifest, write_manifest
+from statekeeper.spark._metrics import aggregate
+from statekeeper.spark._reports import ReportParam, ReportSink, TaskReport
+
+
+@pytest.fixture
+def backend(tmp_path: Path) -> Iterator[StateBackend]:
+    config = StoreConfig(local_dir=str(tmp_path / "local"))
+    with StateBackend(str(tmp_path / "root"), config=config) as backend:
+        yield backend
+
+
+def _commit(backend: StateBackend, partition: int, times: int) -> None:
+    for v in range(times):
+        with backend.open("op", partition, v) as store:
+            store.put(b"k", str(v).encode())
+            store.commit()
+    backend.snapshot("op", partition)  # of the latest version
+
+
+def test_a_manifest_names_versions_commits_and_snapshots(backend: StateBackend) -> None:
+    _commit(backend, 0, 2)
+    _commit(backend, 1, 2)
+    manifest, why = build_manifest(
+        backend.blobs, epoch=1, query_id="q", run_id="r",
+        operators={"op": (2, {0: layout.changelog_key("op", 0, 2)})},
+    )  # fmt: skip
+    assert manifest is not None, why
+    assert write_manifest(backend.blobs, manifest)
+    read = read_manifest(backend.blobs, 1)
+    assert read.versions() == {"op": [2, 2]}
+    assert [e.commit_blob for e in read.stores["op"]] == [
+        layout.changelog_key("op", p, 2)
+        for p in (0, 1)  # partition 1 was looked up
+    ]
+    assert [e.snapshot_index for e in read.stores["op"]] == [
+        layout.snapshot_index_key("op", p, 2) for p in (0, 1)
+    ]
+    assert latest_epoch(backend.blobs) == 1
+    assert not write_manifest(backend.blobs, manifest)  # a re-run of the epoch: no change
+    other = dataclasses.replace(manifest, stores={"op": manifest.stores["op"][:1]})
+    with pytest.raises(CommitConflictError, match="exists with other versions"):
+        write_manifest(backend.blobs, other)
+
+
+def test_an_incomplete_epoch_gets_no_manifest(backend: StateBackend) -> None:
+    _commit(backend, 0, 1)
+    manifest, why = build_manifest(
+        backend.blobs, epoch=0, query_id="q", run_id=None, operators={"op": (2, {})}
+    )
+    assert manifest is None
+    assert why == "partition 1 of operator 'op' has not committed version 1"
+    assert latest_epoch(backend.blobs) is None
+
+
+def test_unknown_or_newer_manifests_are_refused() -> None:
+    with pytest.raises(CorruptStateError, match="epoch manifest x is not valid"):
+        EpochManifest.from_json(b"[]", blob="x")
+    newer = b'{"format": "statekeeper.epoch", "formatVersion": 99}'
+    with pytest.raises(ConfigMismatchError, match="format version 99"):
+        EpochManifest.from_json(newer, blob="x")
+
+
+def _report(partition: int, batch: int = 3, **changes: object) -> TaskReport:
+    base = TaskReport(
+        query_id="q", batch_id=batch, root="file:///r", operator="op", partition=partition,
+        attempt=0, version=batch + 1, commit_blob="b", commit_s=0.01 * (partition + 1),
+        bytes_uploaded=100, puts=2, deletes=1, snapshot_scheduled=False, reused=True,
+        open_s=0.0, restored=False, restore_s=0.0, restore_bytes=0, rows_in=10, rows_out=5,
+        keys=5, expired=0, task_s=0.1,
+    )  # fmt: skip
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_reports_flow_from_worker_lists_into_the_driver_sink() -> None:
+    param = ReportParam()
+    worker = param.addInPlace(param.zero(None), _report(0))  # what a task accumulates
+    sink = param.addInPlace(ReportSink(), worker)  # what the driver's server does with it
+    param.addInPlace(sink, [_report(1), _report(0, batch=1)])
+    assert len(sink) == 3
+    assert [r.partition for r in sink.pop("q", 3)] == [0, 1]
+    assert len(sink) == 0  # the older batch's leftover is dropped with it
+
+
+def test_aggregation_counts_each_partition_once() -> None:
+    reports = [
+        _report(0, commit_s=0.5),
+        _report(0, commit_s=0.01),  # the same partition reported again: the latest counts
+        _report(1, reused=False, restored=True, restore_s=2.0, restore_bytes=7),
+        _report(2, reused=False),
+    ]
+    m = aggregate(reports, partitions=4, query_id="q", batch_id=3)
+    assert (m.partitions, m.partitions_committed, m.version) == (4, 3, 4)
+    assert m.commit_latency_p50_s == pytest.approx(0.02)
+    assert m.commit_latency_max_s == pytest.approx(0.03)
+    assert (m.stores_reused, m.stores_opened, m.stores_restored) == (1, 2, 1)
+    assert (m.restore_time_s, m.restore_bytes, m.bytes_uploaded) == (2.0, 7, 300)
+    assert "3/4 partitions committed version 4" in m.summary()

@@ -1,0 +1,129 @@
+"""One partition's run without Spark: grouping, the operator record, output checks, re-runs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from statekeeper import ConfigMismatchError, StateBackend, StoreConfig
+from statekeeper.spark import OutputSchemaError, StatefulProcessor, StatefulProcessorHandle
+from statekeeper.spark._runner import iter_groups, run_processor
+from statekeeper.spark._statekeys import META_KEY, OperatorRecord
+
+SCHEMA = pa.schema([("k", pa.string()), ("count", pa.int64())])
+
+
+class Counter(StatefulProcessor):
+    """Counts rows per key in a value state with a TTL; emits the new count."""
+
+    def __init__(self, kind: str = "value") -> None:
+        self.kind = kind
+        self.calls = 0
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        declare = getattr(handle, f"{self.kind}_state")
+        self.count = declare("count", ttl=60)
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        self.calls += 1
+        n = (self.count.get() or 0) + len(rows)
+        self.count.update(n)
+        yield pd.DataFrame({"k": [key[0]], "count": [n]})
+
+
+def _run(store: Any, processor: StatefulProcessor, table: Any, **kw: Any) -> list[Any]:
+    args = {"keys": ["k"], "output_schema": SCHEMA, "operator": "op", "batch_id": store.version,
+            "partition": 0, "now_ms": 1_000} | kw  # fmt: skip
+    return list(run_processor(store, processor, table, **args))
+
+
+@pytest.fixture
+def backend(tmp_path: Path) -> Iterator[StateBackend]:
+    config = StoreConfig(local_dir=str(tmp_path / "local"))
+    with StateBackend(str(tmp_path / "root"), config=config) as backend:
+        yield backend
+
+
+def test_groups_hold_all_rows_of_a_key_in_arrival_order() -> None:
+    table = pa.table(
+        {
+            "a": ["x", None, "x", "y", None, "x"],
+            "b": [1.0, 2.0, math.nan, 1.0, 2.0, math.nan],
+            "i": [0, 1, 2, 3, 4, 5],
+        }
+    )
+    groups = [
+        (
+            tuple("NaN" if isinstance(v, float) and math.isnan(v) else v for v in key),
+            rows["i"].tolist(),
+        )
+        for key, rows in iter_groups(table, ["a", "b"])
+    ]
+    # Sorted by key, nulls last; the two NaN rows of "x" form one key, as in Spark.
+    assert groups == [
+        (("x", 1.0), [0]),
+        (("x", "NaN"), [2, 5]),
+        (("y", 1.0), [3]),
+        ((None, 2.0), [1, 4]),
+    ]
+    assert list(iter_groups(pa.table({"a": pa.array([], pa.string())}), ["a"])) == []
+
+
+def test_a_run_emits_checked_output_and_records_the_operator(backend: StateBackend) -> None:
+    table = pa.table({"k": ["a", "b", "a"], "v": [1, 2, 3]})
+    with backend.open("op", 0) as store:
+        batches = _run(store, Counter(), table, key_schema='{"fields":[]}')
+        assert pa.Table.from_batches(batches).to_pylist() == [
+            {"k": "a", "count": 2},
+            {"k": "b", "count": 1},
+        ]
+        record = OperatorRecord.from_bytes(store.get(META_KEY) or b"")
+        assert record.keys == ("k",)
+        assert record.states["count"].kind == "value"
+        assert record.states["count"].ttl_ms == 60_000
+        first = store.commit()
+    # A re-run of the batch (same input, same batch timestamp) recommits identical state.
+    with backend.open("op", 0, version=0) as store:
+        _run(store, Counter(), table, key_schema='{"fields":[]}')
+        again = store.commit()
+    assert (again.version, again.puts) == (first.version, first.puts)
+
+
+def test_a_state_changing_kind_or_other_keys_are_refused_before_any_row(
+    backend: StateBackend,
+) -> None:
+    table = pa.table({"k": ["a"], "v": [1]})
+    with backend.open("op", 0) as store:
+        _run(store, Counter(), table)
+        store.commit()
+        processor = Counter(kind="map")
+        with pytest.raises(
+            ConfigMismatchError, match=r"holds a value state .* now declares it a map"
+        ):
+            _run(store, processor, table)
+        with pytest.raises(
+            ConfigMismatchError, match=r"keyed by \['k'\] in this checkpoint root, but keys=\['v'\]"
+        ):
+            _run(store, Counter(), table, keys=["v"])
+        assert processor.calls == 0
+
+
+def test_output_errors_name_the_column(backend: StateBackend) -> None:
+    class Wrong(Counter):
+        def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+            yield pd.DataFrame({"k": [key[0]], "count": [1.5]})
+
+    with (
+        backend.open("op", 0) as store,
+        pytest.raises(
+            OutputSchemaError,
+            match="operator 'op' partition 0 micro-batch 0: column 'count' has type double",
+        ),
+    ):
+        _run(store, Wrong(), pa.table({"k": ["a"]}))
