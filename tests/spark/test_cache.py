@@ -72,7 +72,7 @@ def test_misuse_and_missing_versions_are_explained(cache: StoreCache, spec: Stor
         StateNotFoundError, match=r"micro-batch 5 .* needs version 5 .*checkpointLocation"
     ):
         cache.acquire(spec, 0, 5)
-    assert cache.open_keys() == [(cache.backend(spec)._copy_path("op", 1), "op", 1)]
+    assert cache.open_keys() == [(cache.backend(spec).local_path("op", 1), "op", 1)]
 
 
 def test_an_idle_store_is_handed_over_but_a_busy_one_is_not(spec: StoreSpec) -> None:

@@ -87,3 +87,19 @@ def test_unsupported_types_are_named() -> None:
         decode_key(b"\x7f", 1)
     with pytest.raises(ValueError, match="truncated"):
         decode_key(encode_key((1, 2))[:-1], 2)
+
+
+@pytest.mark.parametrize(
+    ("small", "large"),
+    [((None, ""), (None, "\x00")), (("",), ("\x00",)), ((b"",), (b"\x00",)), (("a",), ("a\x00",))],
+)
+def test_an_empty_or_shorter_string_is_never_a_prefix_of_a_longer_one(
+    small: tuple[object, ...], large: tuple[object, ...]
+) -> None:
+    # With FoundationDB's lone 0x00 terminator "" (02 00) prefixes "\x00" (02 00 FF 00), and
+    # a prefix scan of one key's state would see the other's.
+    a, b = encode_key(small), encode_key(large)
+    assert not b.startswith(a)
+    assert a < b
+    assert decode_key(a, len(small)) == (small, len(a))
+    assert decode_key(b, len(large)) == (large, len(b))

@@ -240,3 +240,20 @@ def test_public_names_are_sorted_and_exist() -> None:
     assert issubclass(sk.StateNotFoundError, FileNotFoundError)
     for error in (sk.CorruptStateError, sk.CommitConflictError, sk.ConfigMismatchError):
         assert issubclass(error, sk.StateKeeperError)
+
+
+def test_register_operators_and_local_path(backend: sk.StateBackend, tmp_path: Path) -> None:
+    assert backend.operators() == {}
+    backend.register("op", 3)
+    backend.register("op", 3)  # idempotent
+    with pytest.raises(sk.ConfigMismatchError, match="3 partitions"):
+        backend.register("op", 4)
+    with pytest.raises(ValueError, match="partitions"):
+        backend.register("op", 0)
+    assert backend.operators() == {"op": 3}
+    path = backend.local_path("op", 2)
+    assert path.startswith(str(tmp_path / "local"))
+    with backend.open("op", 2) as store:
+        store.put(b"k", b"v")
+        store.commit()
+    assert Path(path).is_dir()

@@ -151,7 +151,7 @@ class StoreCache:
     def _checkout(self, spec: StoreSpec, partition: int) -> _Entry:
         backend = self.backend(spec)
         # The working copy's folder: one lock per folder, whichever root URI spelling.
-        path = backend._copy_path(spec.operator, partition)
+        path = backend.local_path(spec.operator, partition)
         key = (path, spec.operator, partition)
         with self._mutex:
             entry = self._entries.get(key)

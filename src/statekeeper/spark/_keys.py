@@ -1,8 +1,8 @@
 """Order-preserving, unambiguous byte encoding of grouping keys (tuples of column values).
 
 The encoding follows the FoundationDB tuple layer: every element starts with a type tag and
-is self-delimiting (variable-length bytes and strings are terminated by ``0x00``, with a
-``0x00`` inside escaped as ``0x00 0xFF``), so
+is self-delimiting (variable-length bytes and strings are terminated by ``0x00 0x01``, with
+a ``0x00`` inside escaped as ``0x00 0xFF``), so
 
 * two different tuples of the same arity never encode to the same bytes, and neither is a
   prefix of the other (prefix scans of one key never see another key's entries);
@@ -140,8 +140,13 @@ def _encode_other(value: Any, out: bytearray) -> None:
 
 
 def _escaped(data: bytes, out: bytearray) -> None:
+    # Terminated by 0x00 0x01, not a lone 0x00 as in FoundationDB: with a lone 0x00 the
+    # encoding of "" (02 00) is a prefix of that of "\x00" (02 00 FF 00), and a prefix scan
+    # of one key would see another key's state. Here a 0x00 is always followed by 0xFF
+    # (escaped) or 0x01 (the end), so no encoding is a prefix of another, and order holds
+    # (0x01 < 0xFF and 0x00 0x01 sorts before any longer string's next byte).
     out += data.replace(b"\x00", b"\x00\xff")
-    out.append(0x00)
+    out += b"\x00\x01"
 
 
 def _encode_int(value: int, out: bytearray) -> None:
@@ -237,11 +242,14 @@ def _unescape(data: bytes, pos: int) -> tuple[bytes, int]:
         if end < 0:
             raise ValueError("unterminated string or bytes in key")
         out += data[pos:end]
-        if end + 1 < len(data) and data[end + 1] == 0xFF:
+        follower = data[end + 1] if end + 1 < len(data) else None
+        if follower == 0xFF:
             out.append(0x00)
             pos = end + 2
             continue
-        return bytes(out), end + 1
+        if follower != 0x01:
+            raise ValueError(f"malformed string or bytes terminator in key at offset {end}")
+        return bytes(out), end + 2
 
 
 def _decode_int(data: bytes, pos: int, tag: int) -> tuple[int, int]:

@@ -31,7 +31,6 @@ from statekeeper.spark._statekeys import (
     unwrap,
 )
 from statekeeper.store import StateBackend, StateStore
-from statekeeper.store._root import RootRegistry
 
 __all__ = ["read_state"]
 
@@ -96,10 +95,10 @@ def read_state(
 def _read_rows(
     backend: StateBackend, name: str, version: int | None, allow_pickle: bool
 ) -> tuple[list[tuple[Any, ...]], T.StructType]:
-    meta = RootRegistry(backend.blobs).read()
-    count = None if meta is None else meta.operators.get(name)
+    operators = backend.operators()
+    count = operators.get(name)
     if count is None:
-        known = sorted(meta.operators) if meta is not None else []
+        known = sorted(operators)
         raise StateNotFoundError(
             f"operator {name!r} has no partition count in {backend.blobs.uri} (operators: {known})"
         )

@@ -38,8 +38,7 @@ from statekeeper.spark._processor import StatefulProcessor
 from statekeeper.spark._reports import TaskReport
 from statekeeper.spark._runner import ArrowFunction, RunStats, run_arrow, run_processor
 from statekeeper.storage import open_blob_store
-from statekeeper.store import CommitInfo, StateStore
-from statekeeper.store._root import RootRegistry
+from statekeeper.store import CommitInfo, StateBackend, StateStore
 
 __all__ = ["transform_with_state", "transform_with_state_arrow"]
 
@@ -244,7 +243,8 @@ def _prepare(
     if not isinstance(checkpoint, str):
         raise TypeError(f"checkpoint must be a str URI or path, got {type(checkpoint).__name__}")
     blobs = open_blob_store(checkpoint, storage_options, io_threads=config.io_threads)
-    RootRegistry(blobs).register(name, partitions)  # refuses another partition count
+    # Refuses another partition count before any state is touched.
+    StateBackend(blobs, config=config).register(name, partitions)
     listener = state_listener(df.sparkSession)
     listener.register(blobs, name, partitions)
     # Workers must open the same root: a relative local path would resolve in their cwd.

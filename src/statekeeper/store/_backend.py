@@ -126,10 +126,8 @@ class StateBackend:
         layout.validate_partition(partition)
         if version is not None:
             layout.validate_version(version)
-        if partitions is not None and (
-            isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1
-        ):
-            raise ValueError(f"partitions must be an int >= 1, got {partitions!r}")
+        if partitions is not None:
+            _check_partitions(partitions)
         meta = self._registry.register(name, partitions)
         count = meta.operators.get(name)
         if count is not None and partition >= count:
@@ -160,6 +158,38 @@ class StateBackend:
         with self._open_lock:
             self._open_stores[(name, partition)] = store
         return store
+
+    def register(self, name: str, partitions: int) -> None:
+        """Record operator ``name`` with ``partitions`` partitions in the root (idempotent).
+
+        Raises:
+            TypeError, ValueError: a malformed argument.
+            ConfigMismatchError: the root records another partition count.
+            StorageError: the root cannot be read or written.
+        """
+        layout.validate_operator(name)
+        _check_partitions(partitions)
+        self._registry.register(name, partitions)
+
+    def operators(self) -> dict[str, int | None]:
+        """Operator name -> partition count (``None`` if never stated), as the root records.
+
+        Raises:
+            StorageError: the root cannot be read.
+        """
+        meta = self._registry.read()
+        return {} if meta is None else dict(meta.operators)
+
+    def local_path(self, name: str, partition: int) -> str:
+        """The folder of the local working copy of a store (it may not exist yet)."""
+        # One folder per root URI, so two roots never share a working copy.
+        root_key = hashlib.sha256(self._blobs.uri.encode("utf-8")).hexdigest()[:16]
+        return os.path.join(
+            self._config.resolved_local_dir,
+            root_key,
+            layout.validate_operator(name),
+            str(layout.validate_partition(partition)),
+        )
 
     def snapshot(self, name: str, partition: int) -> SnapshotMetrics | None:
         """Snapshot the latest version of a store now; ``None`` if that snapshot exists.
@@ -207,8 +237,7 @@ class StateBackend:
         return verify_root(self._blobs, self._operators(), deep=deep, progress=progress)
 
     def _operators(self) -> list[str]:
-        meta = self._registry.read()
-        return [] if meta is None else sorted(meta.operators)
+        return sorted(self.operators())
 
     def _gc_after_snapshot(self, name: str, partition: int) -> None:
         """Background maintenance: collect one store's garbage, bounded in time."""
@@ -255,16 +284,16 @@ class StateBackend:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _copy_path(self, name: str, partition: int) -> str:
-        # One folder per root URI, so two roots never share a working copy.
-        root_key = hashlib.sha256(self._blobs.uri.encode("utf-8")).hexdigest()[:16]
-        return os.path.join(self._config.resolved_local_dir, root_key, name, str(partition))
-
     def _open_copy(self, name: str, partition: int) -> WorkingCopy:
-        path = self._copy_path(name, partition)
+        path = self.local_path(name, partition)
         remove_stale_checkpoints(path)
         return WorkingCopy(
             path,
             write_buffer_mb=self._config.write_buffer_mb,
             checkpoint_interval_s=self._config.local_checkpoint_interval_s,
         )
+
+
+def _check_partitions(partitions: object) -> None:
+    if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+        raise ValueError(f"partitions must be an int >= 1, got {partitions!r}")
