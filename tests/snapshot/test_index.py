@@ -7,6 +7,7 @@ import os
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
+import google_crc32c
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -92,8 +93,17 @@ def sample_doc() -> dict[str, Any]:
     return doc
 
 
+def seal(doc: Any) -> bytes:
+    """Encode an edited index document with its checksum recomputed."""
+    if isinstance(doc, dict):
+        body = {k: v for k, v in doc.items() if k != "crc32c"}
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        doc = {**body, "crc32c": google_crc32c.value(canonical.encode())}
+    return json.dumps(doc).encode()
+
+
 def parse(doc: object) -> SnapshotIndex:
-    return SnapshotIndex.from_json(json.dumps(doc).encode(), blob=BLOB)
+    return SnapshotIndex.from_json(seal(doc), blob=BLOB)
 
 
 def rejected(doc: object, *fragments: str) -> str:
@@ -121,6 +131,7 @@ def test_round_trip_and_seed_field_names() -> None:
         "metadata",
         "dirIndex",
         "prevSnapshotIndexBlobId",
+        "crc32c",
     }
     assert doc["schemaVersion"] == 1
     assert doc["metadata"] == {"operator": "op", "partition": 0, "version": 5}
@@ -509,3 +520,12 @@ def test_any_accepted_name_is_one_component_below_its_parent(name: str) -> None:
     joined = PurePosixPath(os.path.normpath(parent / rel.removeprefix("sub/")))
     assert joined.parent == parent
     assert PureWindowsPath(name).name == name  # no drive or separator on Windows either
+
+
+def test_a_changed_digit_anywhere_fails_the_index_checksum() -> None:
+    data = sample_index().to_json()
+    doc = json.loads(data)
+    doc["createdTimeMs"] += 1  # still a valid document, but not the one written
+    with pytest.raises(CorruptStateError, match="checksum mismatch"):
+        SnapshotIndex.from_json(json.dumps(doc).encode(), blob=BLOB)
+    assert SnapshotIndex.from_json(seal(doc), blob=BLOB).created_time_ms == doc["createdTimeMs"]

@@ -32,6 +32,7 @@ from statekeeper.snapshot import (
     upload_snapshot,
 )
 from statekeeper.storage import BlobMeta, LocalBlobStore
+from tests.snapshot.test_index import seal
 
 OP, PART = "sessions", 3
 
@@ -712,7 +713,7 @@ def test_no_index_makes_restore_write_outside_its_target(tree_spec: dict[str, An
             inner.put(layout.file_blob_key(OP, PART, blob_id), content)
         before = listing(Path(tmp), skip=target)
         try:
-            index = SnapshotIndex.from_json(json.dumps(doc).encode(), blob="hostile")
+            index = SnapshotIndex.from_json(seal(doc), blob="hostile")
             restore_snapshot(inner, index, target, io_threads=2, index_blob="hostile")
             event("restored")
         except (CorruptStateError, StateNotFoundError) as exc:

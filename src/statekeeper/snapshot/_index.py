@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
+import google_crc32c
+
 from statekeeper import layout
 from statekeeper.errors import CorruptStateError
 from statekeeper.snapshot import _rules as rules
@@ -225,8 +227,8 @@ class SnapshotIndex:
             "dirIndex": _dir_to_json(self.dir_index),
             "prevSnapshotIndexBlobId": self.prev_snapshot_index_blob_id,
         }
-        # ensure_ascii keeps undecodable (surrogate-escaped) file names representable.
-        return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+        doc["crc32c"] = google_crc32c.value(_canonical(doc))
+        return _canonical(doc)
 
     @classmethod
     def from_json(cls, data: bytes, *, blob: str) -> SnapshotIndex:
@@ -243,6 +245,11 @@ class SnapshotIndex:
                 and what was expected and found.
         """
         return _Parser(blob).index(data)
+
+
+def _canonical(doc: dict[str, Any]) -> bytes:
+    # ensure_ascii keeps undecodable (surrogate-escaped) file names representable.
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def _file_to_json(f: FileIndex) -> dict[str, Any]:
@@ -300,6 +307,7 @@ _INDEX_KEYS = frozenset(
         "metadata",
         "dirIndex",
         "prevSnapshotIndexBlobId",
+        "crc32c",
     }
 )
 _METADATA_KEYS = frozenset({"operator", "partition", "version"})
@@ -318,6 +326,14 @@ class _Parser:
 
     def fail(self, where: str, detail: str) -> NoReturn:
         raise CorruptStateError(f"snapshot index {self._blob!r} is invalid at {where}: {detail}")
+
+    def _check_crc(self, obj: dict[str, Any]) -> None:
+        """The index carries the CRC32C of its own canonical JSON without that field, so a
+        changed digit anywhere (an mtime, a size) is caught like a flipped bit in a file."""
+        found = self._field(obj, "crc32c", int, "$")
+        expected = google_crc32c.value(_canonical({k: v for k, v in obj.items() if k != "crc32c"}))
+        if found != expected:
+            self.fail("$.crc32c", f"checksum mismatch: expected {expected}, found {found}")
 
     def index(self, data: bytes) -> SnapshotIndex:
         doc = self._load(data)
@@ -347,7 +363,7 @@ class _Parser:
             self.fail(
                 "$.prevSnapshotIndexBlobId", f"expected a str or null, found {type(prev).__name__}"
             )
-        return self._build(
+        index = self._build(
             "$",
             lambda: SnapshotIndex(
                 checkpoint_id=self._field(obj, "checkpointId", str, "$"),
@@ -357,6 +373,8 @@ class _Parser:
                 prev_snapshot_index_blob_id=prev,
             ),
         )
+        self._check_crc(obj)  # last, so a malformed document gets the precise complaint
+        return index
 
     def _load(self, data: bytes) -> object:
         def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
