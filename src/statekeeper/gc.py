@@ -40,6 +40,7 @@ from statekeeper.storage import BlobMeta, BlobStore
 __all__ = ["GcReport", "StoreGc", "collect_garbage"]
 
 _log = logging.getLogger("statekeeper.gc")
+_MIN_TEMP_AGE_S = 3600.0
 
 
 @dataclass
@@ -125,8 +126,11 @@ def collect_garbage(
             if not dry_run:
                 _delete_in_order(blobs, doomed)
             report.deleted_keys.extend(doomed)
-    if only is None:
-        report.incomplete_writes = blobs.sweep_incomplete(config.orphan_ttl_s, dry_run=dry_run)
+    if only is None and not busy:
+        # A temporary file may belong to a put still running in another process or thread:
+        # however small the orphan TTL, it gets at least an hour.
+        older_than = max(config.orphan_ttl_s, _MIN_TEMP_AGE_S)
+        report.incomplete_writes = blobs.sweep_incomplete(older_than, dry_run=dry_run)
         if not dry_run:
             report.deleted_keys.extend(_expire_epochs(blobs, config))
     report.duration_s = time.monotonic() - started
