@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test lint typecheck pytest check-java bench-commit clean
+.PHONY: test lint typecheck pytest check-java bench-commit clean demo
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ pytest: $(STAMP) check-java
 	PYSPARK_PYTHON=$(abspath $(BIN)/python) $(BIN)/python -m pytest
 
 test: lint typecheck pytest
+
+# The demo pipeline (Spark streaming, a hard crash, restores, an equality check); pass
+# options with DEMO_ARGS, e.g. make demo DEMO_ARGS="--keys 20000 --batches 12".
+demo: $(STAMP) check-java
+	PYSPARK_PYTHON=$(abspath $(BIN)/python) $(BIN)/statekeeper demo $(DEMO_ARGS)
 
 bench-commit: $(STAMP)
 	$(BIN)/python benchmarks/commit.py

@@ -9,22 +9,23 @@ Thin commands over the library (ARCHITECTURE §3)::
     statekeeper verify ROOT [--deep]
     statekeeper restore ROOT OPERATOR --partition N [--version V] --to DIR
     statekeeper gc ROOT [--dry-run] [--retain-versions N] [--orphan-ttl SECONDS] [--list]
+    statekeeper demo [--keys N] [--batches N] [--root URI] [--local-dir DIR] [--fresh]
 
 Every command takes ``--storage-option KEY=VALUE`` (repeatable), ``--json`` and
-``--verbose``. Only this package imports click and rich.
+``--verbose``. Only this package (and the demo, for its live tables) imports click and rich.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from statekeeper.cli import _data, _info, _maintain, _stats
+from statekeeper.cli import _data, _demo, _info, _maintain, _stats
 from statekeeper.cli._app import cli
 
 __all__ = ["cli", "main"]
 
 # The command modules register themselves on ``cli`` when imported.
-_COMMANDS = (_data, _info, _maintain, _stats)
+_COMMANDS = (_data, _demo, _info, _maintain, _stats)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
