@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test lint typecheck pytest check-java bench-commit clean demo
+.PHONY: test lint typecheck pytest check-java bench clean demo
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,8 +35,13 @@ test: lint typecheck pytest
 demo: $(STAMP) check-java
 	PYSPARK_PYTHON=$(abspath $(BIN)/python) $(BIN)/statekeeper demo $(DEMO_ARGS)
 
-bench-commit: $(STAMP)
-	$(BIN)/python benchmarks/commit.py
+# Sizes that finish in about 15 minutes on 2 cores. The pipeline's batches are small because
+# Spark's own Python state operators cost about 0.5-1 ms per key and batch there.
+bench: $(STAMP) check-java
+	$(BIN)/python benchmarks/commit.py --sizes 100000 1000000 --commits 40 --out benchmarks/results/commit.json
+	$(BIN)/python benchmarks/restore.py --keys 1000000 --versions 20 --tail 5 --out benchmarks/results/restore.json
+	$(BIN)/python benchmarks/pipeline.py --rows 20000 --keys 1000000 --batches 20 --out benchmarks/results/pipeline.json
+	$(BIN)/python benchmarks/report.py --results benchmarks/results --out benchmarks/RESULTS.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,501 @@
+"""Pipeline benchmark: one stateful streaming workload, statekeeper against Spark's own state.
+
+The workload keeps a running count and sum of ``v`` per key ``k`` over a file source:
+``--batches`` Parquet files of ``--rows`` rows over ``--keys`` random keys, one file per
+micro-batch, each new total emitted to a Parquet sink. The same input runs, side by side in
+one process, through the variants named by ``--variants``:
+
+* ``sk_processor``: statekeeper ``transform_with_state`` (a per-key StatefulProcessor);
+* ``sk_arrow``: statekeeper ``transform_with_state_arrow`` (vectorized, whole Arrow batches);
+* ``spark_tws``: Spark's ``transformWithStateInPandas`` on the RocksDB state store provider
+  with changelog checkpointing;
+* ``spark_apply``: Spark's ``applyInPandasWithState`` on the same provider.
+
+Each variant runs in a SparkSession of its own (``local[2]``, shuffle partitions = state
+partitions = 4; Python workers die with the session). Measured per variant: wall time,
+per-batch latency (``triggerExecution`` and ``addBatch`` of the query progress), rows/s,
+bytes on disk of the durable state and of the query checkpoint, and two restarts, each in a
+new session that processes one more file: ``restart_warm`` keeps statekeeper's local working
+copies, ``restart_cold`` gives statekeeper a fresh local directory (everything restored from
+the root; Spark's provider always loads from its checkpoint in a new session). Finally every
+variant's latest sink row per key is compared with a batch ``groupBy`` over all input.
+
+Batches are small by default because Spark's own Python operators cost about 0.5-1 ms per
+key and batch on a 2-core machine (with or without state), so a batch touching 200k keys
+takes minutes there; the defaults finish in about 12 minutes on 2 cores.
+
+    .venv/bin/python benchmarks/pipeline.py [--rows 20000] [--keys 1000000] [--batches 20]
+        [--variants sk_processor sk_arrow spark_tws spark_apply] [--restarts warm cold]
+        [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import functools
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd  # type: ignore[import-untyped]
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+PARTITIONS = 4
+MASTER = "local[2]"
+INPUT_SCHEMA = "k string, v long"
+OUTPUT_SCHEMA = "k string, count long, sum long"
+STATE_SCHEMA = "count long, sum long"
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+SPARK_CONF = {
+    "spark.sql.shuffle.partitions": str(PARTITIONS),
+    "spark.default.parallelism": "2",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.driver.memory": "3g",
+    "spark.sql.streaming.stopTimeout": "60s",
+    "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+    "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+}
+VARIANTS = {
+    "sk_processor": "statekeeper transform_with_state (per-key processor)",
+    "sk_arrow": "statekeeper transform_with_state_arrow (vectorized)",
+    "spark_tws": "Spark transformWithStateInPandas (RocksDB, changelog checkpointing)",
+    "spark_apply": "Spark applyInPandasWithState (RocksDB, changelog checkpointing)",
+}
+_TOTALS = np.dtype("<i8")
+
+# -- the workload, once per API (run inside Spark's Python workers) ------------------------
+
+
+def _make_sk_processor() -> Any:
+    from statekeeper.spark import StatefulProcessor
+
+    class RunningTotals(StatefulProcessor):
+        """Running count and sum per key: one value state holding ``(count, sum)``."""
+
+        def init(self, handle: Any) -> None:
+            self.totals = handle.value_state("totals")
+
+        def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+            n, s = self.totals.get() or (0, 0)
+            n, s = n + len(rows), s + int(rows["v"].sum())
+            self.totals.update((n, s))
+            yield pd.DataFrame({"k": [key[0]], "count": [n], "sum": [s]})
+
+    return RunningTotals()
+
+
+def sk_arrow_totals(store: Any, batches: Iterator[Any]) -> Iterator[Any]:
+    """Vectorized running totals: one group-by, one multi_get and one put_many per partition.
+
+    State values are ``(count, sum)`` as two little-endian int64 (16 bytes).
+    """
+    from statekeeper.spark import encode_key
+
+    table = pa.Table.from_batches(list(batches))
+    if table.num_rows == 0:
+        return
+    grouped = table.group_by("k").aggregate([("v", "count"), ("v", "sum")])
+    names = grouped.column("k").to_pylist()
+    keys = [encode_key((name,)) for name in names]
+    zero = bytes(16)
+    old = np.frombuffer(b"".join(v or zero for v in store.multi_get(keys)), dtype=_TOTALS)
+    totals = old.reshape(-1, 2) + np.column_stack(
+        [grouped.column("v_count").to_numpy(), grouped.column("v_sum").to_numpy()]
+    ).astype(_TOTALS)
+    raw = totals.tobytes()
+    store.put_many((key, raw[16 * i : 16 * i + 16]) for i, key in enumerate(keys))
+    yield pa.RecordBatch.from_pydict(
+        {
+            "k": pa.array(names, pa.string()),
+            "count": pa.array(totals[:, 0], pa.int64()),
+            "sum": pa.array(totals[:, 1], pa.int64()),
+        }
+    )
+
+
+def _make_spark_processor() -> Any:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class SparkRunningTotals(StatefulProcessor):
+        """The same totals with Spark's own handle: one value state ``(count, sum)``."""
+
+        def init(self, handle: Any) -> None:
+            self.totals = handle.getValueState("totals", STATE_SCHEMA)
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Any]:
+            n = s = 0
+            for frame in rows:
+                n, s = n + len(frame), s + int(frame["v"].sum())
+            old = self.totals.get()  # None when absent: one call instead of exists() + get()
+            if old is not None:
+                n, s = n + old[0], s + old[1]
+            self.totals.update((n, s))
+            yield pd.DataFrame({"k": [key[0]], "count": [n], "sum": [s]})
+
+        def close(self) -> None:
+            pass
+
+    return SparkRunningTotals()
+
+
+def spark_apply_totals(key: Any, frames: Iterator[Any], state: Any) -> Iterator[Any]:
+    """The same totals with ``applyInPandasWithState``'s GroupState."""
+    n = s = 0
+    for frame in frames:
+        n, s = n + len(frame), s + int(frame["v"].sum())
+    if state.exists:
+        n0, s0 = state.get
+        n, s = n + n0, s + s0
+    state.update((n, s))
+    yield pd.DataFrame({"k": [key[0]], "count": [n], "sum": [s]})
+
+
+# -- input, sessions, queries ----------------------------------------------------------------
+
+
+def write_input(folder: Path, files: range, rows: int, keys: int, seed: int) -> None:
+    """Parquet files of ``rows`` random (k, v) rows, mtimes increasing (the read order)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    base = time.time() - 100_000
+    for i in files:
+        rng = np.random.default_rng([seed, i])
+        ids = rng.integers(0, keys, rows)
+        table = pa.table(
+            {
+                "k": pa.array([f"k{i}" for i in ids.tolist()], pa.string()),
+                "v": pa.array(rng.integers(0, 1000, rows), pa.int64()),
+            }
+        )
+        tmp, path = folder / f".part-{i:05d}.tmp", folder / f"part-{i:05d}.parquet"
+        pq.write_table(table, tmp)
+        os.utime(tmp, (base + i, base + i))
+        tmp.rename(path)
+
+
+def _session(local_dir: Path) -> Any:
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(MASTER).appName("statekeeper-bench-pipeline")
+    for key, value in {**SPARK_CONF, "spark.local.dir": str(local_dir)}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _stateful(spark: Any, variant: str, inp: Path, work: Path, local: str) -> Any:
+    """The streaming DataFrame of ``variant`` over the input folder."""
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    import statekeeper as sk
+    from statekeeper.spark import transform_with_state, transform_with_state_arrow
+
+    df = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(inp))
+    root, config = str(work / "sk-root" / variant), sk.StoreConfig(local_dir=local)
+    if variant == "sk_processor":
+        return transform_with_state(
+            df, "k", _make_sk_processor(), OUTPUT_SCHEMA, root, "totals", PARTITIONS, config
+        )
+    if variant == "sk_arrow":
+        return transform_with_state_arrow(
+            df, "k", sk_arrow_totals, OUTPUT_SCHEMA, root, "totals", PARTITIONS, config
+        )
+    if variant == "spark_tws":
+        return df.groupBy("k").transformWithStateInPandas(
+            statefulProcessor=_make_spark_processor(),
+            outputStructType=OUTPUT_SCHEMA,
+            outputMode="Append",
+            timeMode="None",
+        )
+    return df.groupBy("k").applyInPandasWithState(
+        spark_apply_totals, OUTPUT_SCHEMA, STATE_SCHEMA, "Append", GroupStateTimeout.NoTimeout
+    )
+
+
+def _run_query(spark: Any, variant: str, work: Path, local: str) -> dict[str, Any]:
+    """Run ``variant`` until every input file is processed; time it and its batches."""
+    out = _stateful(spark, variant, work / "input", work, local)
+    started_epoch, started = time.time(), time.perf_counter()
+    query = (
+        out.writeStream.format("parquet")
+        .option("path", str(work / "sink" / variant))
+        .option("checkpointLocation", str(work / "ckpt" / variant))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    wall_s = time.perf_counter() - started
+    if query.exception() is not None:
+        raise RuntimeError(f"{variant}: the query failed: {query.exception()}")
+    progress = query.recentProgress
+    first = progress[0]
+    first_done = _epoch_s(first.timestamp) + first.durationMs["triggerExecution"] / 1000
+    result: dict[str, Any] = {
+        "wall_s": round(wall_s, 2),
+        "first_batch_s": round(first_done - started_epoch, 2),
+        "rows": sum(p.numInputRows for p in progress),
+        "batch_rows": [p.numInputRows for p in progress],
+        "batch_ms": [p.durationMs.get("triggerExecution", 0) for p in progress],
+        "add_batch_ms": [p.durationMs.get("addBatch", 0) for p in progress],
+    }
+    if variant.startswith("sk_"):
+        result.update(_sk_state_metrics(spark, str(query.id), [p.batchId for p in progress]))
+    else:
+        result.update(_spark_state_metrics(progress))
+    return result
+
+
+def _sk_state_metrics(spark: Any, query_id: str, batch_ids: list[int]) -> dict[str, Any]:
+    """Commit latency per batch and what opening the stores cost in the first batch."""
+    from statekeeper.spark import state_listener
+
+    listener = state_listener(spark)
+    metrics = [listener.wait_for(query_id, b)[0] for b in batch_ids]
+    opened = metrics[0]
+    return {
+        "commit_ms": [round(m.commit_latency_p50_s * 1000, 1) for m in metrics],
+        "restore": {
+            "stores_restored": opened.stores_restored,
+            "restore_time_max_s": round(opened.restore_time_max_s, 3),
+            "restore_bytes": opened.restore_bytes,
+        },
+    }
+
+
+def _spark_state_metrics(progress: list[Any]) -> dict[str, Any]:
+    """The RocksDB provider's commit latency per batch (its metrics are sums over the
+    partitions: divided by the partition count here) and what the first batch loaded."""
+    metrics = [p.stateOperators[0].customMetrics for p in progress]
+    parts = ("Flush", "Compact", "Checkpoint")
+    commit = [
+        (
+            m.get("rocksdbCommitFileSyncLatencyMs", 0)
+            + sum(m.get(f"rocksdbCommit{x}Latency", 0) for x in parts)
+        )
+        / PARTITIONS
+        for m in metrics
+    ]
+    first = metrics[0]
+    return {
+        "commit_ms": [round(c, 1) for c in commit],
+        "state_rows": int(progress[-1].stateOperators[0].numRowsTotal),
+        "restore": {
+            "stores_loaded_from_checkpoint": first.get("rocksdbNumLoadedFromDfs", 0),
+            "changelogs_replayed": first.get("rocksdbNumReplayChangelogFiles", 0),
+            "load_time_per_store_s": round(
+                first.get("rocksdbLoadLatencyMs", 0) / PARTITIONS / 1000, 3
+            ),
+        },
+    }
+
+
+def _epoch_s(timestamp: str) -> float:
+    """Seconds since the epoch of a progress timestamp (ISO 8601, UTC)."""
+    return dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def _dir_bytes(path: Path, exclude: str | None = None) -> int:
+    """Bytes of the files under ``path`` (hard links counted once)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(path):
+        if exclude is not None and Path(dirpath) == path and exclude in dirnames:
+            dirnames.remove(exclude)
+        for name in filenames:
+            st = os.lstat(os.path.join(dirpath, name))
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
+    return total
+
+
+def _in_session(work: Path, fn: Callable[[Any], Any]) -> Any:
+    """Run ``fn(spark)`` in a new SparkSession, stopped afterwards (its workers with it)."""
+    spark = _session(work / "spark-local")
+    try:
+        return fn(spark)
+    finally:
+        spark.stop()
+
+
+def _summarize(variant: str, run: dict[str, Any], work: Path) -> dict[str, Any]:
+    """Latency percentiles, throughput and bytes on disk of a variant's main run.
+
+    Percentiles are over the batches after the first (the first one also starts the Python
+    workers and opens every store), which is reported on its own.
+    """
+    ckpt, is_sk = work / "ckpt" / variant, variant.startswith("sk_")
+    batch_ms, add_ms, rows = run["batch_ms"], run.pop("add_batch_ms"), run.pop("batch_rows")
+    steady, steady_add = batch_ms[1:] or batch_ms, add_ms[1:] or add_ms
+    steady_rows = sum(rows[1:]) if len(rows) > 1 else sum(rows)
+    run.pop("restore", None)
+    commit_ms = run["commit_ms"]
+    return {
+        "label": VARIANTS[variant],
+        **run,
+        "rows_per_s": round(run["rows"] / run["wall_s"]),
+        "steady_rows_per_s": round(steady_rows / max(sum(steady), 1) * 1000),
+        "batches": len(batch_ms),
+        "first_batch_ms": batch_ms[0],
+        "batch_p50_ms": _percentile(steady, 0.5),
+        "batch_p99_ms": _percentile(steady, 0.99),
+        "add_batch_p50_ms": _percentile(steady_add, 0.5),
+        "add_batch_p99_ms": _percentile(steady_add, 0.99),
+        "state_commit_p50_ms": _percentile(commit_ms[1:] or commit_ms, 0.5),
+        "durable_state_bytes": _dir_bytes(work / "sk-root" / variant if is_sk else ckpt / "state"),
+        "query_checkpoint_bytes": _dir_bytes(ckpt, exclude="state"),
+        "local_state_bytes": _dir_bytes(work / "sk-local" / variant) if is_sk else None,
+    }
+
+
+def _restart(run: dict[str, Any]) -> dict[str, Any]:
+    """What a restart cost: time from start() to its first batch done, and that batch."""
+    restart = {"first_batch_s": run["first_batch_s"], "batch_ms": run["batch_ms"][0]}
+    if "restore" in run:
+        restart["restore"] = run["restore"]
+    return restart
+
+
+def _verify(spark: Any, work: Path, variants: list[str]) -> dict[str, Any]:
+    """Compare each variant's latest sink row per key with a batch groupBy over all input."""
+    from pyspark.sql import functions as F
+
+    truth = (
+        spark.read.parquet(str(work / "input"))
+        .groupBy("k")
+        .agg(F.count("*").alias("n"), F.sum("v").alias("s"))
+    )
+    found: dict[str, Any] = {"keys": truth.count()}
+    for variant in variants:
+        latest = (
+            spark.read.parquet(str(work / "sink" / variant))
+            .groupBy("k")
+            .agg(F.max(F.struct("count", "sum")).alias("m"))
+            .select("k", F.col("m.count").alias("count"), F.col("m.sum").alias("sum"))
+        )
+        same = F.col("count").eqNullSafe(F.col("n")) & F.col("sum").eqNullSafe(F.col("s"))
+        mismatched = latest.join(truth, "k", "full_outer").where(~same).count()
+        found[variant] = {"keys": latest.count(), "mismatched_keys": mismatched}
+    return found
+
+
+def _warm_up(spark: Any, work: Path) -> None:
+    """A batch job over the input, so that the first variant does not pay for JIT alone."""
+    from pyspark.sql import functions as F
+
+    df = spark.read.parquet(str(work / "input"))
+    df.groupBy("k").agg(F.sum("v")).write.format("noop").mode("overwrite").save()
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Write the input, run every phase of every variant, verify; the JSON document."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    inp = work / "input"
+    write_input(inp, range(args.batches), args.rows, args.keys, args.seed)
+    _in_session(work, lambda spark: _warm_up(spark, work))
+    results: dict[str, Any] = {}
+    for variant in args.variants:
+        local = str(work / "sk-local" / variant)
+        job = functools.partial(_run_query, variant=variant, work=work, local=local)
+        main = _in_session(work, job)
+        results[variant] = _summarize(variant, main, work)
+        _log(f"{variant}: {results[variant]}")
+    for n, phase in enumerate(args.restarts):
+        file = args.batches + n
+        write_input(inp, range(file, file + 1), args.rows, args.keys, args.seed)
+        for variant in args.variants:
+            # A cold restart gets a fresh local folder: every store comes from the root.
+            local = work / ("sk-local-cold" if phase == "cold" else "sk-local") / variant
+            job = functools.partial(_run_query, variant=variant, work=work, local=str(local))
+            again = _in_session(work, job)
+            results[variant][f"restart_{phase}"] = _restart(again)
+            _log(f"{variant} restart_{phase}: {results[variant][f'restart_{phase}']}")
+    check = _in_session(work, lambda spark: _verify(spark, work, args.variants))
+    for variant in args.variants:
+        results[variant]["final_keys"] = check[variant]["keys"]
+        results[variant]["mismatched_keys"] = check[variant]["mismatched_keys"]
+    agree = all(check[v]["mismatched_keys"] == 0 for v in args.variants)
+    return {"variants": results, "expected_keys": check["keys"], "all_agree": agree}
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _machine() -> dict[str, Any]:
+    import pyspark
+
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "spark": pyspark.__version__,
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, run the benchmark, print (and optionally write) the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=20_000, help="rows per micro-batch")
+    parser.add_argument("--keys", type=int, default=1_000_000, help="distinct keys drawn from")
+    parser.add_argument("--batches", type=int, default=20, help="micro-batches (input files)")
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument(
+        "--restarts",
+        nargs="*",
+        choices=["warm", "cold"],
+        default=["warm", "cold"],
+        help="restarts to time, in order (each processes one more file)",
+    )
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    started, load_before = time.perf_counter(), round(os.getloadavg()[0], 2)
+    with tempfile.TemporaryDirectory(prefix="sk-bench-pipeline-") as tmp:
+        outcome = run(args, Path(tmp))
+    summary = {
+        "benchmark": "pipeline",
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": {**_machine(), "load_average_1m_before": load_before},
+        "workload": {
+            "rows_per_batch": args.rows,
+            "keys": args.keys,
+            "batches": args.batches,
+            "restarts": args.restarts,
+            "partitions": PARTITIONS,
+            "master": MASTER,
+            "spark_conf": SPARK_CONF,
+        },
+        **outcome,
+        "total_s": round(time.perf_counter() - started, 1),
+    }
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    _log("all variants agree" if outcome["all_agree"] else "VARIANTS DISAGREE")
+    return 0 if outcome["all_agree"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

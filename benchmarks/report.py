@@ -1,0 +1,319 @@
+"""Render the benchmark JSON outputs as ``benchmarks/RESULTS.md``.
+
+Reads ``commit.json``, ``restore.json`` and ``pipeline.json`` from ``--results`` (any of them
+may be missing: its section says so) and writes one Markdown page: the date, a description
+of the machine it runs on, one table per benchmark and the command that reproduces them
+(the recipe of the Makefile's ``bench`` target, read from ``--makefile``).
+
+    .venv/bin/python benchmarks/report.py [--results benchmarks/results]
+        [--out benchmarks/RESULTS.md] [--makefile Makefile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESTORE_WAYS = {
+    "local_current": "local copy current (clean restart)",
+    "local_behind": "local copy behind by the tail (hard crash)",
+    "cold_snapshot": "fresh local dir: snapshot + changelog tail",
+    "cold_changelogs": "fresh local dir, no snapshot: replay every changelog",
+}
+
+
+def _first_line(path: str, prefix: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith(prefix):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def _java_version() -> str:
+    try:
+        done = subprocess.run(
+            ["java", "-version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "not found"
+    lines = (done.stderr or done.stdout).strip().splitlines()
+    return lines[0].strip() if lines else "unknown"
+
+
+def _spark_version(pipeline: dict[str, Any] | None) -> str:
+    if pipeline is not None and "spark" in pipeline.get("machine", {}):
+        return str(pipeline["machine"]["spark"])
+    try:
+        return metadata.version("pyspark")
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine(pipeline: dict[str, Any] | None = None) -> list[str]:
+    """Markdown bullet lines describing this machine and its software."""
+    memory = _first_line("/proc/meminfo", "MemTotal")
+    ram = f"{int(memory.split()[0]) / 2**20:.1f} GiB" if memory else "unknown"
+    model = _first_line("/proc/cpuinfo", "model name") or platform.processor() or "unknown"
+    return [
+        f"- CPU: {os.cpu_count()} x {model}",
+        f"- RAM: {ram}",
+        f"- OS: {platform.platform()}",
+        f"- Python {platform.python_version()}, {_java_version()}, "
+        f"Spark {_spark_version(pipeline)} (PySpark from PyPI)",
+    ]
+
+
+def _mb(n: int | None) -> str:
+    """Bytes in the largest unit that keeps a number >= 1 (decimal units)."""
+    if n is None:
+        return "-"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def commit_section(data: dict[str, Any]) -> list[str]:
+    """The commit benchmark: latency and bytes uploaded per commit at each state size."""
+    rows = [
+        [
+            f"{r['state_keys']:,}",
+            r["commits"],
+            f"{r['updated_keys_per_commit']:,}",
+            r["commit_p50_ms"],
+            r["commit_p99_ms"],
+            _mb(r["bytes_uploaded_per_commit"]),
+            _mb(r["raw_bytes_per_commit"]),
+            r["upload_to_raw_ratio"],
+        ]
+        for r in data["results"]
+    ]
+    targets = data.get("targets", {})
+    return [
+        "## Commit cost against state size (`benchmarks/commit.py`)",
+        "",
+        "Each commit updates existing keys with new random 100-byte values; a commit should "
+        "cost what changed, not what is stored.",
+        "",
+        *_table(
+            [
+                "state keys",
+                "commits",
+                "keys changed / commit",
+                "p50 ms",
+                "p99 ms",
+                "uploaded / commit",
+                "raw / commit",
+                "upload / raw",
+            ],
+            rows,
+        ),
+        "",
+        f"p50 at the largest size / p50 at the smallest: "
+        f"**{data['p50_ratio_largest_to_smallest']}** (target ≤ "
+        f"{targets.get('p50_ratio_max', '-')}); upload / raw target ≤ "
+        f"{targets.get('upload_to_raw_ratio_max', '-')}. Run {data['date']}.",
+    ]
+
+
+def restore_section(data: dict[str, Any]) -> list[str]:
+    """The restore benchmark: the four ways of opening a store."""
+    state = data["state"]
+    order = [w for w in RESTORE_WAYS if w in data["results"]]
+    rows = [
+        [
+            f"`{way}`",
+            RESTORE_WAYS[way],
+            data["results"][way]["seconds"],
+            data["results"][way]["base_kind"],
+            data["results"][way]["changelogs_replayed"],
+            _mb(data["results"][way]["bytes_downloaded"]),
+            data["results"][way]["files_downloaded"],
+            data["results"][way]["files_reused"],
+        ]
+        for way in order
+    ]
+    return [
+        "## Restore time (`benchmarks/restore.py`)",
+        "",
+        f"One store of {state['keys']:,} keys ({state['value_bytes']}-byte values, "
+        f"{state['versions']} versions) opened four ways. Run {data['date']}.",
+        "",
+        *_table(
+            [
+                "way",
+                "situation",
+                "seconds",
+                "base",
+                "changelogs replayed",
+                "downloaded",
+                "files downloaded",
+                "files reused",
+            ],
+            rows,
+        ),
+    ]
+
+
+def _restart(r: dict[str, Any], phase: str) -> str:
+    found = r.get(f"restart_{phase}")
+    if found is None:
+        return "-"
+    text = f"{found['first_batch_s']} s"
+    restore = found.get("restore") or {}
+    if restore.get("stores_restored") == 0:
+        text += " (local copies current: nothing restored)"
+    elif restore.get("stores_restored"):
+        text += (
+            f" (restored {restore['stores_restored']} stores, {_mb(restore['restore_bytes'])}, "
+            f"slowest {restore['restore_time_max_s']} s)"
+        )
+    elif restore.get("stores_loaded_from_checkpoint"):
+        text += (
+            f" (loaded {restore['stores_loaded_from_checkpoint']} stores, "
+            f"{restore['changelogs_replayed']} changelogs, "
+            f"{restore['load_time_per_store_s']} s each)"
+        )
+    return text
+
+
+PIPELINE_ROWS: list[tuple[str, Any]] = [
+    ("wall time, all batches (s)", lambda r: r["wall_s"]),
+    ("rows/s (wall)", lambda r: f"{r['rows_per_s']:,}"),
+    ("rows/s (steady batches)", lambda r: f"{r['steady_rows_per_s']:,}"),
+    ("batch p50 (ms)", lambda r: f"{r['batch_p50_ms']:,}"),
+    ("batch p99 (ms)", lambda r: f"{r['batch_p99_ms']:,}"),
+    ("first batch (ms)", lambda r: f"{r['first_batch_ms']:,}"),
+    ("addBatch p50 (ms)", lambda r: f"{r['add_batch_p50_ms']:,}"),
+    ("state commit per partition, p50 (ms)", lambda r: r["state_commit_p50_ms"]),
+    ("durable state on disk", lambda r: _mb(r["durable_state_bytes"])),
+    ("query checkpoint (offsets, commits)", lambda r: _mb(r["query_checkpoint_bytes"])),
+    ("local working copies", lambda r: _mb(r.get("local_state_bytes"))),
+    ("restart in a new session: to 1st batch done", lambda r: _restart(r, "warm")),
+    ("restart, statekeeper local dir wiped: same", lambda r: _restart(r, "cold")),
+    ("keys in final state", lambda r: f"{r['final_keys']:,}"),
+    ("equals a batch groupBy", lambda r: "yes" if r["mismatched_keys"] == 0 else "**no**"),
+]
+
+
+def pipeline_section(data: dict[str, Any]) -> list[str]:
+    """The pipeline benchmark: every variant side by side, one column each."""
+    w, variants = data["workload"], data["variants"]
+    header = ["", *(f"`{name}`" for name in variants)]
+    rows = [[label, *(fn(r) for r in variants.values())] for label, fn in PIPELINE_ROWS]
+    legend = [f"- `{name}`: {r['label']}" for name, r in variants.items()]
+    load = data.get("machine", {})
+    if "load_average_1m_before" in load:
+        legend.append(
+            f"- load average (1 min) of the machine before / after the run: "
+            f"{load['load_average_1m_before']} / {load['load_average_1m']}"
+        )
+    agree = "yes" if data["all_agree"] else "**NO**"
+    return [
+        "## Streaming pipeline, side by side (`benchmarks/pipeline.py`)",
+        "",
+        f"Running count and sum per key over a Parquet file source: {w['batches']} "
+        f"micro-batches of {w['rows_per_batch']:,} rows over {w['keys']:,} possible keys "
+        f"(random), {w['partitions']} state partitions, `{w['master']}`, each variant in its "
+        "own SparkSession, output to a Parquet sink. Batch latency is the query progress's "
+        "`triggerExecution`; percentiles are over the batches after the first. Restarts run "
+        "in a new SparkSession on the same checkpoint and process one more file; the time is "
+        f"from `start()` to that batch's end. State commit: statekeeper's commit (changelog "
+        "upload) per partition; for Spark the RocksDB provider's commit latencies (flush, "
+        "compact, checkpoint, file sync) summed over partitions / partitions. "
+        f"Run {data['date']} in {data['total_s']} s.",
+        "",
+        *legend,
+        "",
+        *_table(header, rows),
+        "",
+        f"All variants agree with a batch `groupBy` over all input ({data['expected_keys']:,} "
+        f"keys): {agree}.",
+    ]
+
+
+def bench_recipe(makefile: Path) -> list[str]:
+    """The recipe lines of the Makefile's ``bench`` target (empty if there is none)."""
+    try:
+        lines = makefile.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    recipe: list[str] = []
+    inside = False
+    for line in lines:
+        if line.startswith("bench:"):
+            inside = True
+        elif inside and line.startswith("\t"):
+            recipe.append(line.strip().replace("$(BIN)", ".venv/bin"))
+        elif inside:
+            break
+    return recipe
+
+
+def render(results: Path, makefile: Path | None = None) -> str:
+    """The RESULTS.md text for the JSON files in ``results``."""
+    loaded: dict[str, dict[str, Any] | None] = {}
+    for name in ("commit", "restore", "pipeline"):
+        path = results / f"{name}.json"
+        loaded[name] = json.loads(path.read_text()) if path.exists() else None
+    sections = {
+        "commit": commit_section,
+        "restore": restore_section,
+        "pipeline": pipeline_section,
+    }
+    out = [
+        "# statekeeper benchmark results",
+        "",
+        f"Generated {time.strftime('%Y-%m-%d')} by `benchmarks/report.py` from "
+        "`benchmarks/results/*.json`. Timings come from one run on a shared machine; compare "
+        "the figures within a table, not across machines.",
+        "",
+        "Machine:",
+        "",
+        *machine(loaded["pipeline"]),
+    ]
+    for name, section in sections.items():
+        data = loaded[name]
+        out += ["", *(section(data) if data else [f"## {name}", "", f"No `{name}.json`."])]
+    recipe = bench_recipe(makefile) if makefile else []
+    out += ["", "## Reproduce", "", "```", "make bench", "```"]
+    if recipe:
+        out += ["", "which runs:", "", "```", *recipe, "```"]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the report."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=HERE / "results")
+    parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--makefile", type=Path, default=HERE.parent / "Makefile")
+    args = parser.parse_args(argv)
+    text = render(args.results, args.makefile)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text, encoding="utf-8")
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,176 @@
+"""Smoke tests of the benchmark scripts: tiny sizes, valid JSON, the fields the report reads.
+
+Each script runs as a subprocess, as ``make bench`` runs it; timings are never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+VARIANTS = ["sk_processor", "sk_arrow", "spark_tws", "spark_apply"]
+PIPELINE_FIELDS = {
+    "wall_s",
+    "rows_per_s",
+    "steady_rows_per_s",
+    "batch_ms",
+    "batch_p50_ms",
+    "batch_p99_ms",
+    "first_batch_ms",
+    "state_commit_p50_ms",
+    "durable_state_bytes",
+    "query_checkpoint_bytes",
+    "restart_cold",
+    "final_keys",
+    "mismatched_keys",
+}
+
+
+def _run(script: str, out: Path, *args: str, timeout: float = 120) -> dict[str, Any]:
+    """Run ``benchmarks/<script>.py``; its stdout and ``--out`` file hold the same JSON."""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run(
+        [sys.executable, str(BENCH / f"{script}.py"), *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    printed = json.loads(done.stdout)
+    assert json.loads(out.read_text()) == printed
+    assert printed["benchmark"] == script
+    return printed  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A results folder with tiny commit and restore runs."""
+    folder = tmp_path_factory.mktemp("results")
+    _run("commit", folder / "commit.json", "--sizes", "10000", "20000", "--commits", "3")
+    _run("restore", folder / "restore.json", "--keys", "2000", "--versions", "4", "--tail", "2")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def pipeline(results: Path) -> dict[str, Any]:
+    """A tiny pipeline run of every variant (with one cold restart) into ``results``."""
+    args = ["--rows", "300", "--keys", "50", "--batches", "2", "--restarts", "cold"]
+    return _run("pipeline", results / "pipeline.json", *args, timeout=400)
+
+
+def test_commit_and_restore_print_the_fields_the_report_reads(results: Path) -> None:
+    commit = json.loads((results / "commit.json").read_text())
+    assert [r["state_keys"] for r in commit["results"]] == [10000, 20000]
+    for r in commit["results"]:
+        assert r["commits"] == 3
+        assert r["commit_p50_ms"] <= r["commit_p99_ms"]
+        assert r["bytes_uploaded_per_commit"] > 0
+        assert r["upload_to_raw_ratio"] > 0
+    restore = json.loads((results / "restore.json").read_text())
+    assert set(restore["results"]) == {
+        "local_current",
+        "local_behind",
+        "cold_snapshot",
+        "cold_changelogs",
+    }
+    assert restore["results"]["cold_snapshot"]["base_kind"] == "snapshot"
+    assert restore["results"]["cold_changelogs"]["changelogs_replayed"] == 6
+
+
+def test_report_without_a_pipeline_says_so(results: Path, tmp_path: Path) -> None:
+    for name in ("commit", "restore"):
+        (tmp_path / f"{name}.json").write_text((results / f"{name}.json").read_text())
+    out = tmp_path / "RESULTS.md"
+    _report(tmp_path, out)
+    text = out.read_text()
+    assert "| 10,000 | 3 | 10,000 |" in text
+    assert "| `cold_snapshot` |" in text
+    assert "No `pipeline.json`." in text
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_pipeline_variants_agree_with_a_batch_group_by(pipeline: dict[str, Any]) -> None:
+    assert pipeline["all_agree"] is True
+    assert list(pipeline["variants"]) == VARIANTS
+    assert pipeline["workload"]["restarts"] == ["cold"]
+    for name, r in pipeline["variants"].items():
+        assert set(r) >= PIPELINE_FIELDS, name
+        assert r["mismatched_keys"] == 0, name
+        assert r["final_keys"] == pipeline["expected_keys"] == 50
+        assert r["rows"] == 600
+        assert r["batches"] == len(r["batch_ms"]) == 2
+        assert r["durable_state_bytes"] > 0
+        assert "restart_warm" not in r
+        restore = r["restart_cold"]["restore"]
+        if name.startswith("sk_"):
+            assert restore["stores_restored"] == 4  # a fresh local dir: all from the root
+            assert r["local_state_bytes"] > 0
+        else:
+            assert restore["stores_loaded_from_checkpoint"] == 4
+            assert r["state_rows"] == 50
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_report_renders_every_table(
+    results: Path, pipeline: dict[str, Any], tmp_path: Path
+) -> None:
+    out = tmp_path / "RESULTS.md"
+    _report(results, out)
+    text = out.read_text()
+    assert "Generated " in text
+    assert "- CPU: " in text
+    assert "Spark " in text
+    assert "| 20,000 | 3 | 10,000 |" in text
+    assert "| `local_behind` |" in text
+    assert "|  | `sk_processor` | `sk_arrow` | `spark_tws` | `spark_apply` |" in text
+    assert "| equals a batch groupBy | yes | yes | yes | yes |" in text
+    assert "keys): yes." in text
+
+
+def test_make_bench_runs_every_benchmark_and_the_report() -> None:
+    """The recipe the report quotes is the Makefile's, and writes where the report reads."""
+    report = _load_report()
+    recipe = report.bench_recipe(ROOT / "Makefile")
+    for name in ("commit", "restore", "pipeline"):
+        assert any(
+            f"benchmarks/{name}.py" in line and f"--out benchmarks/results/{name}.json" in line
+            for line in recipe
+        ), recipe
+    assert recipe[-1].startswith(".venv/bin/python benchmarks/report.py")
+    assert "--out benchmarks/RESULTS.md" in recipe[-1]
+
+
+def _report(results: Path, out: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "report.py"), "--results", str(results), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "make bench" in out.read_text()
+
+
+def _load_report() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_report", BENCH / "report.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
