@@ -62,7 +62,7 @@ class StoreHistory:
         """The newest snapshot version, if any."""
         return max(self.snapshots) if self.snapshots else None
 
-    def bases(self) -> list[int]:
+    def _bases(self) -> list[int]:
         """Versions a rebuild can start from without a local copy."""
         bases = set(self.snapshots)
         if 1 in self.changelogs or not (self.changelogs or self.snapshots):
@@ -79,7 +79,7 @@ class StoreHistory:
     def restorable_versions(self) -> list[int]:
         """Every version that can be rebuilt from the blob store alone, ascending."""
         out: set[int] = set()
-        for base in self.bases():
+        for base in self._bases():
             out.update(range(base, self._chain_end(base) + 1))
         return sorted(out)
 
@@ -111,7 +111,7 @@ class StoreHistory:
         candidates: list[tuple[int, int, str]] = []
         if local_version is not None and local_version <= version <= self._chain_end(local_version):
             candidates.append((local_version, 2, "local"))
-        for base in self.bases():
+        for base in self._bases():
             if base <= version <= self._chain_end(base):
                 candidates.append((base, 1, "snapshot" if base in self.snapshots else "empty"))
         if candidates:

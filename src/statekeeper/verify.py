@@ -122,7 +122,6 @@ class _StoreCheck:
         self.store = f"{operator}/{partition}"
         self.metas = {m.key: m for m in metas}
         self.report, self.deep = report, deep
-        self.done = 0
 
     def problem(self, blob: str, kind: str, message: str) -> None:
         self.report.problems.append(Problem(self.store, blob, kind, message))
@@ -146,9 +145,7 @@ class _StoreCheck:
             if layout.parse_metrics_key(key) is not None:
                 self._check_metrics(key)
         self._check_restorable(changelogs, indexes, prev_keys - set(self.metas))
-        self.done = len(self.metas)
-        if progress is not None:
-            progress(self.report.blobs_checked, total)
+        self._advance(progress, total)
 
     def _advance(self, progress: Progress | None, total: int) -> None:
         if progress is not None:

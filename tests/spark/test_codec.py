@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 from decimal import Decimal
+from zoneinfo import ZoneInfo
 
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from statekeeper import CorruptStateError
@@ -41,13 +42,28 @@ values = st.recursive(
 
 
 @given(values)
+@example(dt.datetime(2000, 10, 29, 2, 0, tzinfo=ZoneInfo("Europe/Oslo")))  # a repeated hour
+@example([dt.datetime(1939, 2, 28, 23, 0, tzinfo=ZoneInfo("America/Argentina/Buenos_Aires"))])
 def test_round_trip_keeps_value_and_type(value: object) -> None:
     codec = DefaultCodec()
     data = codec.encode(value)
     assert data[0] == 0x01  # the format byte
     decoded = codec.decode(data)
-    assert decoded == value
+    assert _comparable(decoded) == _comparable(value)
     assert type(decoded) is type(value) or isinstance(value, dt.datetime)
+
+
+def _comparable(value: object) -> object:
+    """Aware datetimes as (wall time, UTC offset): the codec keeps the instant and its offset,
+    not the zone, and PEP 495 makes == across zones false for a wall time a DST change
+    repeats or skips."""
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return ("aware", value.replace(tzinfo=None), value.utcoffset())
+    if isinstance(value, list | tuple):
+        return type(value)(_comparable(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _comparable(v) for k, v in value.items()}
+    return value
 
 
 def test_numpy_and_pandas_values_are_stored_as_python_values() -> None:
