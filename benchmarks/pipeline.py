@@ -206,11 +206,11 @@ def _stateful(spark: Any, variant: str, inp: Path, work: Path, local: str) -> An
     root, config = str(work / "sk-root" / variant), sk.StoreConfig(local_dir=local)
     if variant == "sk_processor":
         return transform_with_state(
-            df, "k", _make_sk_processor(), OUTPUT_SCHEMA, root, "totals", PARTITIONS, config
+            df, "k", _make_sk_processor(), OUTPUT_SCHEMA, root, "totals", PARTITIONS, config=config
         )
     if variant == "sk_arrow":
         return transform_with_state_arrow(
-            df, "k", sk_arrow_totals, OUTPUT_SCHEMA, root, "totals", PARTITIONS, config
+            df, "k", sk_arrow_totals, OUTPUT_SCHEMA, root, "totals", PARTITIONS, config=config
         )
     if variant == "spark_tws":
         return df.groupBy("k").transformWithStateInPandas(

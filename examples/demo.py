@@ -1,7 +1,7 @@
 """The statekeeper demo as a script: ``python examples/demo.py [options]``.
 
 The same as ``statekeeper demo`` (and ``make demo``); the pipeline lives in the installed
-package (:mod:`statekeeper.demo`) because Spark's Python workers import its stateful
+package (:mod:`statekeeper.cli.demo`) because Spark's Python workers import its stateful
 processor from there. ``python examples/demo.py --help`` lists the options.
 """
 

@@ -23,7 +23,14 @@ from statekeeper.errors import (
     TransientStorageError,
 )
 from statekeeper.gc import GcReport, StoreGc
-from statekeeper.store import CommitInfo, RestoreInfo, StateBackend, StateStore
+from statekeeper.store import (
+    CommitInfo,
+    ExportInfo,
+    RestoreInfo,
+    RootMetadata,
+    StateBackend,
+    StateStore,
+)
 from statekeeper.verify import Problem, VerifyReport
 
 __all__ = [
@@ -31,9 +38,11 @@ __all__ = [
     "CommitInfo",
     "ConfigMismatchError",
     "CorruptStateError",
+    "ExportInfo",
     "GcReport",
     "Problem",
     "RestoreInfo",
+    "RootMetadata",
     "StateBackend",
     "StateKeeperError",
     "StateNotFoundError",

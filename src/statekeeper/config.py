@@ -38,6 +38,9 @@ class StoreConfig:
             local working copy; bounds how far a hard crash can set the local copy back
             (it is then caught up from the changelogs).
         write_buffer_mb: RocksDB memtable size of a working copy.
+        metrics_every: most commits whose metrics (latency, bytes, records) a store
+            buffers before writing them as one commit-metrics blob; a snapshot or closing
+            the store writes them sooner.
     """
 
     mode: Mode = "changelog"
@@ -51,6 +54,7 @@ class StoreConfig:
     local_dir: str | None = None
     local_checkpoint_interval_s: float = 60.0
     write_buffer_mb: int = 64
+    metrics_every: int = 10
 
     def __post_init__(self) -> None:
         if self.mode not in _MODES:
@@ -60,6 +64,7 @@ class StoreConfig:
                 f"StoreConfig.compression must be one of {_COMPRESSIONS}, got {self.compression!r}"
             )
         _positive_int("snapshot_every", self.snapshot_every)
+        _positive_int("metrics_every", self.metrics_every)
         _positive_int("retain_versions", self.retain_versions)
         _positive_int("chunk_size", self.chunk_size)
         _positive_int("io_threads", self.io_threads)

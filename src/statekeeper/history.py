@@ -1,18 +1,67 @@
 """Which versions of a store exist in the blob store, and how to rebuild one of them.
 
+The history of a store is derived here and nowhere else: from a listing of the store
+(:meth:`StoreHistory.load`) or from one listing of the whole root (:class:`RootListing`).
+
 A version ``v`` is restorable when some base — the empty store (version 0), a snapshot, or a
 local working copy — is at ``b <= v`` and the changelogs ``b+1 .. v`` all exist.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from statekeeper import layout
 from statekeeper.errors import StateNotFoundError
-from statekeeper.storage import BlobStore
+from statekeeper.storage import BlobMeta, BlobStore
 
-__all__ = ["RestorePlan", "StoreHistory", "ranges"]
+__all__ = ["RestorePlan", "RootListing", "StoreHistory", "ranges"]
+
+
+@dataclass
+class RootListing:
+    """Every blob of a root, from one listing, grouped by store: a root-wide view for tools
+    that would otherwise list each store (``info``, ``stats``, ``versions``)."""
+
+    blobs: list[BlobMeta]
+    stores: dict[tuple[str, int], list[BlobMeta]] = field(default_factory=dict)
+    epochs: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, blobs: BlobStore) -> RootListing:
+        """List ``blobs`` once and group the keys.
+
+        Raises:
+            StorageError: the listing failed.
+        """
+        listing = cls(blobs.list(""))
+        for meta in listing.blobs:
+            store = layout.parse_store_key(meta.key)
+            if store is not None:
+                listing.stores.setdefault(store, []).append(meta)
+            elif (epoch := layout.parse_epoch_key(meta.key)) is not None:
+                listing.epochs.append(epoch)
+        listing.epochs.sort()
+        return listing
+
+    def partitions(self, operator: str) -> list[int]:
+        """Partitions of ``operator`` that hold at least one blob."""
+        return sorted(p for op, p in self.stores if op == operator)
+
+    def metas(self, operator: str, partition: int) -> list[BlobMeta]:
+        """The blobs of one store (empty if it holds none)."""
+        return self.stores.get((operator, partition), [])
+
+    def sizes(self, operator: str, partition: int) -> dict[str, int]:
+        """Blob key -> size, for the blobs of one store."""
+        return {m.key: m.size for m in self.metas(operator, partition)}
+
+    def history(self, operator: str, partition: int) -> StoreHistory:
+        """The committed versions of one store, as :meth:`StoreHistory.load` would list them."""
+        return StoreHistory.from_keys(
+            operator, partition, (m.key for m in self.metas(operator, partition))
+        )
 
 
 @dataclass(frozen=True)
@@ -45,16 +94,22 @@ class StoreHistory:
         Raises:
             StorageError: a listing failed.
         """
-        changelogs = {
-            v
-            for meta in blobs.list(layout.changelog_prefix(operator, partition))
-            if (v := layout.parse_changelog_key(meta.key)) is not None
-        }
-        snapshots = {
-            v
-            for meta in blobs.list(layout.snapshot_prefix(operator, partition))
-            if (v := layout.parse_snapshot_key(meta.key)) is not None
-        }
+        metas = [
+            *blobs.list(layout.changelog_prefix(operator, partition)),
+            *blobs.list(layout.snapshot_prefix(operator, partition)),
+        ]
+        return cls.from_keys(operator, partition, (m.key for m in metas))
+
+    @classmethod
+    def from_keys(cls, operator: str, partition: int, keys: Iterable[str]) -> StoreHistory:
+        """The history the blob keys ``keys`` of one store describe (other keys ignored)."""
+        changelogs: set[int] = set()
+        snapshots: set[int] = set()
+        for key in keys:
+            if (v := layout.parse_changelog_key(key)) is not None:
+                changelogs.add(v)
+            elif (v := layout.parse_snapshot_key(key)) is not None:
+                snapshots.add(v)
         return cls(operator, partition, frozenset(changelogs), frozenset(snapshots))
 
     @property

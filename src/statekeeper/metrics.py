@@ -1,12 +1,16 @@
-"""Per-commit metrics history: the one durable source of commit latency.
+"""Per-commit metrics: the one durable source of commit latency, and per-commit accounting.
+
+:func:`commit_history` tells, for every commit of a store, the bytes and records it wrote
+(from the committed blobs) and its latency (from the commit-metrics blobs below).
 
 Changelog blobs tell how many bytes and records each commit wrote, but not how long it took.
 Commit latency is kept, best effort, in small **commit-metrics blobs**: a store buffers the
 :class:`CommitMetrics` of its commits in memory and writes them as one blob, create-only, at
-``<operator>/<partition>/metrics/<last version:020d>.json``, whenever it takes a snapshot and
-when it closes. So a store pays one small PUT per snapshot interval, never one per commit;
-a crash loses the buffered entries (only metrics, never state). Garbage collection may
-delete a metrics blob once its last version is older than the oldest retained version.
+``<operator>/<partition>/metrics/<last version:020d>.json``, whenever it takes a snapshot,
+when ``StoreConfig.metrics_every`` commits are buffered, and when it closes. So a store pays
+one small PUT per ``metrics_every`` commits at most, never one per commit; a crash loses the
+buffered entries (only metrics, never state). Garbage collection may delete a metrics blob
+once its last version is older than the oldest retained version.
 
 Document (UTF-8 JSON, keys sorted)::
 
@@ -22,19 +26,26 @@ Keys come from ``layout.metrics_key`` / ``metrics_prefix`` / ``parse_metrics_key
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from statekeeper import layout
-from statekeeper.errors import CorruptStateError
+from statekeeper.changelog import HEADER_SIZE, read_header
+from statekeeper.errors import CorruptStateError, StateNotFoundError
+from statekeeper.history import RootListing
+from statekeeper.snapshot import SnapshotIndex, load_index, referenced_blob_ids
 from statekeeper.storage import BlobStore
 
 __all__ = [
     "FORMAT_VERSION",
     "CommitMetrics",
+    "CommitRecord",
+    "commit_history",
     "decode_commit_metrics",
     "encode_commit_metrics",
     "from_commit",
@@ -180,3 +191,148 @@ def from_commit(
         records=records,
         committed_time_ms=int(time.time() * 1000),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRecord:
+    """What one commit of a store wrote, and how long it took where that was recorded.
+
+    Attributes:
+        version: the version the commit created.
+        kind: ``"changelog"`` or ``"snapshot"`` (a snapshot-mode commit).
+        bytes: bytes the commit uploaded: the changelog blob, or the snapshot index plus
+            the file blobs new in it.
+        records: puts and deletes (from the changelog header, or the commit metrics).
+        latency_ms: commit wall time, only where a commit-metrics blob recorded it.
+    """
+
+    version: int
+    kind: str
+    bytes: int
+    records: int | None
+    latency_ms: float | None
+
+
+def commit_history(
+    blobs: BlobStore,
+    listing: RootListing,
+    operator: str,
+    partition: int,
+    *,
+    last: int | None = None,
+    io_threads: int = 8,
+    on_header: Callable[[], None] | None = None,
+) -> list[CommitRecord]:
+    """Every commit of one store (the newest ``last``), in version order.
+
+    Bytes and records come from the commits themselves: a changelog commit's size is its
+    blob's and its record count is in its header (one ranged read of
+    :data:`~statekeeper.changelog.HEADER_SIZE` bytes each, ``io_threads`` at a time); a
+    snapshot-mode commit's bytes are its index plus the file blobs it added over the
+    previous snapshot. Latency is not derivable from blobs (their modification times measure
+    the gaps between batches, not commits): it comes from commit-metrics blobs only.
+
+    Args:
+        blobs: the root's blob store.
+        listing: one listing of the root (sizes and the store's history come from it).
+        operator: the operator.
+        partition: the partition.
+        last: only the newest ``last`` versions.
+        io_threads: parallel header reads.
+        on_header: called after each changelog header is read (progress).
+
+    Raises:
+        CorruptStateError: a changelog header or metrics blob is not valid.
+        StorageError: a read failed.
+    """
+    history = listing.history(operator, partition)
+    versions = sorted(v for v in history.changelogs | history.snapshots if v > 0)
+    if last is not None:
+        versions = versions[-last:]
+    if not versions:
+        return []
+    logged = [v for v in versions if v in history.changelogs]
+    sizes = listing.sizes(operator, partition)
+    records = _record_counts(blobs, operator, partition, logged, io_threads, on_header)
+    recorded = read_commit_metrics(blobs, operator, partition, since=versions[0])
+    snapshots = _SnapshotBytes(blobs, operator, partition, sizes, sorted(history.snapshots))
+    out = []
+    for v in versions:
+        if v in records:
+            size = sizes[layout.changelog_key(operator, partition, v)]
+            commit = CommitRecord(v, "changelog", size, records[v], None)
+        else:
+            commit = CommitRecord(v, "snapshot", snapshots.bytes_of(v), None, None)
+        metrics = recorded.get(v)
+        if metrics is not None:  # latency, and the record count a snapshot cannot tell
+            commit = dataclasses.replace(
+                commit,
+                records=metrics.records if commit.records is None else commit.records,
+                latency_ms=metrics.duration_ms,
+            )
+        out.append(commit)
+    return out
+
+
+def _record_counts(
+    blobs: BlobStore,
+    operator: str,
+    partition: int,
+    versions: list[int],
+    io_threads: int,
+    on_header: Callable[[], None] | None,
+) -> dict[int, int]:
+    """Record count of each changelog, from its header alone, read in parallel."""
+
+    def count(v: int) -> int:
+        key = layout.changelog_key(operator, partition, v)
+        header = read_header(blobs.get_range(key, 0, HEADER_SIZE), blob=key)
+        if on_header is not None:
+            on_header()
+        return header.record_count
+
+    with ThreadPoolExecutor(max(1, io_threads)) as pool:
+        return dict(zip(versions, pool.map(count, versions), strict=True))
+
+
+class _SnapshotBytes:
+    """Bytes a snapshot-mode commit uploaded: its index plus the file blobs new in it."""
+
+    def __init__(
+        self,
+        blobs: BlobStore,
+        operator: str,
+        partition: int,
+        sizes: dict[str, int],
+        snapshots: list[int],
+    ) -> None:
+        self._blobs, self._operator, self._partition = blobs, operator, partition
+        self._sizes = sizes
+        self._snapshots = snapshots
+        self._indexes: dict[int, SnapshotIndex | None] = {}
+
+    def _index(self, version: int) -> SnapshotIndex | None:
+        if version not in self._indexes:
+            try:
+                self._indexes[version] = load_index(
+                    self._blobs, self._operator, self._partition, version
+                )
+            except StateNotFoundError:
+                self._indexes[version] = None
+        return self._indexes[version]
+
+    def bytes_of(self, version: int) -> int:
+        index = self._index(version)
+        own = self._sizes.get(
+            layout.snapshot_index_key(self._operator, self._partition, version), 0
+        )
+        if index is None:
+            return own
+        older = [v for v in self._snapshots if v < version]
+        previous = self._index(older[-1]) if older else None
+        known = referenced_blob_ids(previous) if previous is not None else set()
+        new = referenced_blob_ids(index) - known
+        return own + sum(
+            self._sizes.get(layout.file_blob_key(self._operator, self._partition, b), 0)
+            for b in new
+        )

@@ -35,6 +35,18 @@ def test_main_exits_with_the_command_status(capsys: pytest.CaptureFixture[str]) 
     assert "statekeeper" in capsys.readouterr().out
 
 
+def test_without_the_cli_extra_the_command_says_how_to_install_it() -> None:
+    code = (
+        "import sys; sys.modules['rich'] = None; "
+        "from statekeeper.__main__ import main; main(['--version'])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "pip install 'statekeeper[cli]'" in done.stderr
+    assert "needs rich" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_cli_import_does_not_import_pyspark() -> None:
     code = "import sys, statekeeper.cli; print('pyspark' in sys.modules)"
     done = subprocess.run(

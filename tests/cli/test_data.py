@@ -2,35 +2,17 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
-import types
 from pathlib import Path
 
 import pytest
 import rocksdict
 
+import statekeeper as sk
 from statekeeper import layout
+from statekeeper.keyed import PickleCodec, StatefulProcessorHandle, encode_key
 from tests.cli.conftest import Built, flip, one_error_line, run
-
-
-@pytest.fixture
-def no_codec(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Spark layer is not importable: values are shown raw."""
-    monkeypatch.setitem(__import__("sys").modules, "statekeeper.spark", None)
-
-
-@pytest.fixture
-def codec(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A Spark layer whose codec decodes b"v<n>" to {"v": n} and fails on anything else."""
-    module = types.ModuleType("statekeeper.spark")
-
-    def decode_value(data: bytes) -> object:
-        if not data.startswith(b"v"):
-            raise ValueError("not one of ours")
-        return {"v": int(data[1:])}
-
-    module.decode_value = decode_value  # type: ignore[attr-defined]
-    monkeypatch.setitem(__import__("sys").modules, "statekeeper.spark", module)
 
 
 def _inspect(root: Built, *args: str) -> dict[str, object]:
@@ -47,7 +29,6 @@ def _raw(doc: dict[str, object]) -> dict[bytes, bytes]:
     return {bytes.fromhex(i["key_hex"]): bytes.fromhex(i["value_hex"]) for i in items}
 
 
-@pytest.mark.usefixtures("no_codec")
 @pytest.mark.parametrize("version", [0, 2, 5, 7])
 def test_inspect_shows_exactly_the_state_at_a_version(root: Built, version: int) -> None:
     doc = _inspect(root, "counts", "-p", "0", "--version", str(version), "--limit", "0")
@@ -56,14 +37,12 @@ def test_inspect_shows_exactly_the_state_at_a_version(root: Built, version: int)
     assert _raw(doc) == root.states[("counts", 0)][version]
 
 
-@pytest.mark.usefixtures("no_codec")
 def test_inspect_defaults_to_the_latest_version(root: Built) -> None:
     doc = _inspect(root, "snap", "-p", "0")
     assert doc["version"] == 3
     assert _raw(doc) == root.states[("snap", 0)][3]
 
 
-@pytest.mark.usefixtures("no_codec")
 def test_inspect_shows_text_or_hex(root: Built) -> None:
     doc = _inspect(root, "counts", "-p", "1")
     by_key = {i["key_hex"]: i for i in doc["items"]}  # type: ignore[union-attr]
@@ -78,7 +57,6 @@ def test_inspect_shows_text_or_hex(root: Built) -> None:
     assert "hello world" in table
 
 
-@pytest.mark.usefixtures("no_codec")
 def test_inspect_prefix_as_text_or_hex_and_limit(root: Built) -> None:
     state = root.states[("counts", 0)][7]
     doc = _inspect(root, "counts", "-p", "0", "--prefix", "k01")
@@ -95,18 +73,68 @@ def test_inspect_prefix_as_text_or_hex_and_limit(root: Built) -> None:
     assert "--prefix" in one_error_line(result)
 
 
-@pytest.mark.usefixtures("codec")
-def test_inspect_decodes_values_with_the_spark_codec(root: Built) -> None:
-    doc = _inspect(root, "counts", "-p", "0", "--limit", "2")
-    assert [(i["value"], i["value_format"]) for i in doc["items"]] == [  # type: ignore[union-attr]
-        ({"v": 7}, "decoded"),
-        ({"v": 7}, "decoded"),
+def _keyed_root(tmp_path: Path) -> str:
+    """A root whose store was written by keyed state handles, exactly as a processor's task
+    writes it (no Spark: the handles are the keyed layer's own)."""
+    uri = str(tmp_path / "keyed-root")
+    config = sk.StoreConfig(local_dir=str(tmp_path / "keyed-local"))
+    with (
+        sk.StateBackend(uri, config=config) as backend,
+        backend.open("sessions", 0, partitions=1) as store,
+    ):
+        handle = StatefulProcessorHandle(store, now_ms=1_000, batch_id=0, partition=0)
+        count = handle.value_state("count")
+        pages = handle.map_state("pages", ttl=60)
+        events = handle.list_state("events")
+        secret = handle.value_state("secret", codec=PickleCodec())
+        handle.record_operator(["user"], key_schema=None, operator="sessions")
+        handle.set_key(("alice",))
+        count.update(3)
+        pages.put("/home", {"hits": 2, "day": dt.date(2026, 11, 23)})
+        events.extend(["a", "b"])
+        secret.update({1, 2})
+        handle.set_key(("bob",))
+        count.update(1)
+        store.commit()
+    return uri
+
+
+def test_inspect_decodes_the_state_of_keyed_processors(tmp_path: Path) -> None:
+    """Values of a keyed store are decoded by the keyed layer (no Spark, nothing planted)."""
+    uri = _keyed_root(tmp_path)
+    result = run("inspect", uri, "sessions", "-p", "0", "--json", "--limit", "0")
+    assert result.exit_code == 0, result.output
+    items = json.loads(result.stdout)["items"]
+    pickled = len(PickleCodec().encode({1, 2}))
+    decoded = [
+        (i["state"]["name"], i["state"]["key"], i["state"]["entry"], i["value"])
+        for i in items
+        if i["value_format"] == "decoded"
     ]
-    doc = _inspect(root, "counts", "-p", "1")
-    formats = {i["key"]: i["value_format"] for i in doc["items"]}  # type: ignore[union-attr]
-    assert formats == {"0001": "hex", "text": "text"}  # the codec failed: raw bytes shown
-    table = run("inspect", root.uri, *root.opts, "counts", "-p", "0").stdout
-    assert '{"v": 7}' in table
+    assert decoded == [
+        ("count", ["alice"], None, 3),
+        ("count", ["bob"], None, 1),
+        ("events", ["alice"], 0, "a"),
+        ("events", ["alice"], 1, "b"),
+        ("pages", ["alice"], "/home", {"hits": 2, "day": "2026-11-23"}),
+        ("secret", ["alice"], None, f"<pickle: {pickled} bytes; pass allow_pickle=True to decode>"),
+    ]
+    pages = next(i for i in items if i.get("state", {}).get("name") == "pages")
+    assert pages["state"]["expires_at_ms"] == 61_000
+    # The operator record, the list counter and the TTL index stay raw.
+    assert len(items) - len(decoded) == 3
+    assert all(i["value_format"] != "decoded" for i in items if "state" not in i)
+    table = run("inspect", uri, "sessions", "-p", "0").stdout
+    assert 'count ["alice"]' in table
+    assert 'pages ["alice"] ["/home"]' in table
+
+
+def test_inspect_decodes_pickled_values_only_when_allowed(tmp_path: Path) -> None:
+    uri = _keyed_root(tmp_path)
+    args = ("inspect", uri, "sessions", "-p", "0", "--json", "--prefix")
+    result = run(*args, "0x01" + encode_key(("secret",)).hex(), "--allow-pickle")
+    assert result.exit_code == 0, result.output
+    assert [i["value"] for i in json.loads(result.stdout)["items"]] == [[1, 2]]
 
 
 @pytest.mark.parametrize(
@@ -241,15 +269,3 @@ def test_restore_shows_a_progress_bar_on_a_terminal(local: Built, tmp_path: Path
     target2 = tmp_path / "db2"
     quiet = run(*args[:-1], str(target2), "--json", env={"TTY_COMPATIBLE": "1"})
     assert json.loads(quiet.stdout)["version"] == 5  # no bar around the JSON
-
-
-def test_inspect_shows_values_the_codec_returns_as_non_json_by_repr(
-    root: Built, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    module = types.ModuleType("statekeeper.spark")
-    module.decode_value = lambda data: {len(data)} if data != b"v7" else None  # type: ignore[attr-defined]
-    monkeypatch.setitem(__import__("sys").modules, "statekeeper.spark", module)
-    doc = _inspect(root, "counts", "-p", "1")
-    assert {i["key"]: i["value"] for i in doc["items"]} == {"0001": "{2}", "text": "{11}"}  # type: ignore[union-attr]
-    doc = _inspect(root, "counts", "-p", "0", "--limit", "1")
-    assert [(i["value"], i["value_format"]) for i in doc["items"]] == [(None, "decoded")]  # type: ignore[union-attr]

@@ -30,7 +30,7 @@ def test_vectorized_running_totals_match_a_batch_group_by(
     write_files(tmp_path / "in", make_input(seed=4, files=3, rows=50, keys=15))
     out = transform_with_state_arrow(
         read_stream(spark, tmp_path / "in"), ["k"], arrow_count_sum, OUTPUT_SCHEMA, root,
-        "vector", 2, StoreConfig(local_dir=str(tmp_path / "local")),
+        "vector", 2, config=StoreConfig(local_dir=str(tmp_path / "local")),
     )  # fmt: skip
     query = run_to_end(out, tmp_path / "out", tmp_path / "ck")
 

@@ -16,8 +16,8 @@ from statekeeper import (
     StoreConfig,
     layout,
 )
+from statekeeper.epochs import build_manifest, write_manifest
 from statekeeper.spark import EpochManifest, latest_epoch, read_manifest
-from statekeeper.spark._epochs import build_manifest, write_manifest
 from statekeeper.spark._metrics import aggregate
 from statekeeper.spark._reports import ReportParam, ReportSink, TaskReport
 

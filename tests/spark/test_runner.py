@@ -12,9 +12,9 @@ import pyarrow as pa
 import pytest
 
 from statekeeper import ConfigMismatchError, StateBackend, StoreConfig
+from statekeeper.keyed._layout import META_KEY, OperatorRecord
 from statekeeper.spark import OutputSchemaError, StatefulProcessor, StatefulProcessorHandle
 from statekeeper.spark._runner import iter_groups, run_processor
-from statekeeper.spark._statekeys import META_KEY, OperatorRecord
 
 SCHEMA = pa.schema([("k", pa.string()), ("count", pa.int64())])
 

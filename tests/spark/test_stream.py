@@ -57,7 +57,7 @@ def test_restart_in_a_new_session_matches_a_batch_group_by(
         spark = spark_holder.get()
         out = transform_with_state(
             read_stream(spark, inp), ["k"], RunningCountSum(), OUTPUT_SCHEMA, root, "counts",
-            PARTITIONS, StoreConfig(local_dir=str(tmp_path / local), snapshot_every=2),
+            PARTITIONS, config=StoreConfig(local_dir=str(tmp_path / local), snapshot_every=2),
         )  # fmt: skip
         return str(run_to_end(out, sink, ckpt).id)
 
@@ -111,7 +111,7 @@ def test_a_retried_task_does_not_count_twice(spark_holder: SparkHolder, tmp_path
     write_files(inp, data)
     out = transform_with_state(
         read_stream(spark, inp), "k", FailOnce(str(markers), fail_batch=1), OUTPUT_SCHEMA,
-        root, "retry", 2, StoreConfig(local_dir=str(tmp_path / "local")),
+        root, "retry", 2, config=StoreConfig(local_dir=str(tmp_path / "local")),
     )  # fmt: skip
     run_to_end(out, tmp_path / "out", tmp_path / "ck")
 
@@ -132,7 +132,7 @@ def test_batches_run_twice_in_foreach_batch_recommit_identical_ttl_state(
     write_files(tmp_path / "in", make_input(seed=5, files=2, rows=20, keys=5))
     out = transform_with_state(
         read_stream(spark, tmp_path / "in"), "k", TtlHistory(), OUTPUT_SCHEMA, root, "ttl", 2,
-        StoreConfig(local_dir=str(tmp_path / "local")),
+        config=StoreConfig(local_dir=str(tmp_path / "local")),
     )  # fmt: skip
     counted: list[int] = []
 
@@ -174,7 +174,7 @@ def test_state_on_an_s3_root(
     write_files(tmp_path / "in", make_input(seed=6, files=3))
     out = transform_with_state(
         read_stream(spark, tmp_path / "in"), "k", RunningCountSum(), OUTPUT_SCHEMA, root, "s3op",
-        2, StoreConfig(local_dir=str(tmp_path / "local")), storage_options=options,
+        2, config=StoreConfig(local_dir=str(tmp_path / "local")), storage_options=options,
     )  # fmt: skip
     query = run_to_end(out, tmp_path / "out", tmp_path / "ck")
     listener = state_listener(spark)

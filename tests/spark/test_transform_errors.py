@@ -77,7 +77,7 @@ def test_output_not_matching_the_schema_names_the_column(
     write_files(tmp_path / "in", make_input(seed=3, files=1, rows=5, keys=2))
     out = transform_with_state(
         read_stream(spark, tmp_path / "in"), "k", WrongOutputType(), "k string, count long",
-        root, "wrong", 1, StoreConfig(local_dir=str(tmp_path / "local")),
+        root, "wrong", 1, config=StoreConfig(local_dir=str(tmp_path / "local")),
     )  # fmt: skip
     with pytest.raises(StreamingQueryException) as caught:
         run_to_end(out, tmp_path / "out", tmp_path / "ck")

@@ -31,7 +31,7 @@ def test_typed_keys_and_outputs_round_trip(spark: SparkSession, tmp_path: Path) 
     root = str(tmp_path / "state")
     out = transform_with_state(
         df, ["id", "day"], TypedEcho(), OUTPUT, root, "typed", 2,
-        StoreConfig(local_dir=str(tmp_path / "local")),
+        config=StoreConfig(local_dir=str(tmp_path / "local")),
     )  # fmt: skip
     query = (
         out.writeStream.format("memory")

@@ -52,7 +52,7 @@ only the header (no CRC check) for listing tools.
 
 from __future__ import annotations
 
-from statekeeper.changelog._codec import Changelog, decode_changelog, encode_changelog
+from statekeeper.changelog._blob import Changelog, decode_changelog, encode_changelog
 from statekeeper.changelog._header import (
     FORMAT_VERSION,
     HEADER_SIZE,

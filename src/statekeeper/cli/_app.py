@@ -24,7 +24,6 @@ import click
 from rich.console import Console
 from rich.logging import RichHandler
 
-from statekeeper import __version__
 from statekeeper.errors import StateKeeperError
 
 __all__ = [
@@ -210,7 +209,7 @@ def _trace(ctx: click.Context, exc: BaseException) -> None:
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 @output_options
-@click.version_option(__version__, prog_name="statekeeper")
+@click.version_option(package_name="statekeeper", prog_name="statekeeper")
 def cli() -> None:
     """See, check, restore and clean a statekeeper checkpoint root.
 

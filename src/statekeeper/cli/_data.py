@@ -6,40 +6,29 @@ replay, every byte checked) into a temporary working copy, never the pipeline's 
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import itertools
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
-import rocksdict
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from statekeeper import layout
 from statekeeper.cli._app import Env, UsageFailure, cli, env_of, output_options
-from statekeeper.cli._progress import Bar, Bars
+from statekeeper.cli._open import Root, open_root, root_arguments
+from statekeeper.cli._progress import Bars
 from statekeeper.cli._render import human_bytes, show_bytes
-from statekeeper.cli._root import Root, open_root, root_arguments
 from statekeeper.errors import StateKeeperError
+from statekeeper.keyed import StateDecoder, jsonable, read_operator_record
 from statekeeper.snapshot import iter_files, load_index
-from statekeeper.store import RestoreInfo, StateBackend, StateStore
+from statekeeper.store import ExportInfo
 
 __all__ = ["inspect", "restore"]
-
-_BATCH_ITEMS = 10_000
-_BATCH_BYTES = 4 * 1024 * 1024
-
-Decoder = Callable[[bytes], object]
-_UNREADABLE = object()
 
 
 def _parse_prefix(_ctx: click.Context, _param: click.Parameter, value: str | None) -> bytes:
@@ -110,40 +99,27 @@ def _open_store(
     return opened, opened.require_version(*names, version)
 
 
-def _decoder() -> Decoder | None:
-    """The Spark layer's value codec, if the Spark layer is installed."""
-    try:
-        module = importlib.import_module("statekeeper.spark")
-    except ImportError:
-        return None
-    decode = getattr(module, "decode_value", None)
-    return decode if callable(decode) else None
-
-
-def _decoded(value: bytes, decode: Decoder) -> object:
-    """The codec's reading of ``value`` made JSON-able, or ``_UNREADABLE``."""
-    try:
-        decoded = decode(value)
-    except Exception:  # noqa: BLE001 - a value the codec cannot read is shown raw instead
-        return _UNREADABLE
-    try:
-        json.dumps(decoded)
-    except (TypeError, ValueError):
-        return repr(decoded)
-    return decoded
-
-
-def _item(key: bytes, value: bytes, decode: Decoder | None) -> dict[str, Any]:
+def _item(key: bytes, value: bytes, decoder: StateDecoder | None) -> dict[str, Any]:
     key_format, key_text = show_bytes(key)
-    entry: dict[str, Any] = {"key": key_text, "key_format": key_format}
-    decoded = _UNREADABLE if decode is None else _decoded(value, decode)
-    if decoded is not _UNREADABLE:
-        entry.update(value=decoded, value_format="decoded")
+    item: dict[str, Any] = {"key": key_text, "key_format": key_format}
+    entry = None if decoder is None else decoder.decode(key, value)
+    if entry is not None:
+        item.update(
+            value=jsonable(entry.value),
+            value_format="decoded",
+            state={
+                "name": entry.state,
+                "kind": entry.kind,
+                "key": jsonable(entry.key),
+                "entry": jsonable(entry.entry),
+                "expires_at_ms": entry.expires_at_ms,
+            },
+        )
     else:
         value_format, value_text = show_bytes(value)
-        entry.update(value=value_text, value_format=value_format)
-    entry.update(key_hex=key.hex(), value_hex=value.hex())
-    return entry
+        item.update(value=value_text, value_format=value_format)
+    item.update(key_hex=key.hex(), value_hex=value.hex())
+    return item
 
 
 @cli.command()
@@ -162,6 +138,11 @@ def _item(key: bytes, value: bytes, decode: Decoder | None) -> dict[str, Any]:
     show_default=True,
     help="Show at most this many items (0: all).",
 )
+@click.option(
+    "--allow-pickle",
+    is_flag=True,
+    help="Decode values of states declared with PickleCodec (runs code from the root).",
+)
 @output_options
 @click.pass_context
 def inspect(
@@ -173,23 +154,26 @@ def inspect(
     version: int | None,
     prefix: bytes,
     limit: int,
+    allow_pickle: bool,
 ) -> None:
     """Show the keys and values of OPERATOR's store at a version, sorted by key.
 
-    Values are decoded with the Spark layer's codec when it is installed; otherwise (or
-    when decoding fails) they are shown as text when printable UTF-8, else as hex. Keys are
-    shown the same way.
+    In a store written by a keyed processor (statekeeper.spark's transform_with_state),
+    each value, map entry and list element is decoded with the codec its state recorded,
+    and shown with its state, grouping key and entry. Other items (and the raw keys) are
+    shown as text when printable UTF-8, else as hex.
     """
     env = env_of(ctx)
     opened, wanted = _open_store(ctx, root, storage_options, (operator, partition), version)
-    decode = _decoder()
     with _download_bar(env, opened, operator, partition, wanted):
         store = opened.backend.open(operator, partition, wanted)
     with store:
+        record = read_operator_record(store)
         scan = store.scan(prefix)
         # One item more than shown tells whether anything was left out.
         found = list(itertools.islice(scan, limit + 1 if limit else None))
     shown = found[:limit] if limit else found
+    decoder = None if record is None else StateDecoder(record, allow_pickle=allow_pickle)
     doc = {
         "root": opened.uri,
         "operator": operator,
@@ -197,7 +181,7 @@ def inspect(
         "version": wanted,
         "prefix_hex": prefix.hex(),
         "truncated": len(found) > len(shown),
-        "items": [_item(key, value, decode) for key, value in shown],
+        "items": [_item(key, value, decoder) for key, value in shown],
     }
     if env.json:
         env.emit_json(doc)
@@ -210,14 +194,23 @@ def _print_items(console: Console, doc: dict[str, Any]) -> None:
     for column in table.columns:
         column.overflow = "fold"
     for item in doc["items"]:
-        table.add_row(
-            _shown(item["key"], item["key_format"]), _shown(item["value"], item["value_format"])
-        )
+        table.add_row(_shown_key(item), _shown(item["value"], item["value_format"]))
     where = f"{doc['operator']}/{doc['partition']} at version {doc['version']}"
     console.print(Text(f"{where}: {len(doc['items'])} items"))
     console.print(table)
     if doc["truncated"]:
         console.print("more items follow: raise --limit (0 shows all)")
+
+
+def _shown_key(item: dict[str, Any]) -> Text:
+    """A decoded entry as ``state key [entry]``; any other item as its raw key."""
+    state = item.get("state")
+    if state is None:
+        return _shown(item["key"], item["key_format"])
+    text = f"{state['name']} {json.dumps(state['key'], ensure_ascii=False)}"
+    if state["entry"] is not None:
+        text += f" [{json.dumps(state['entry'], ensure_ascii=False)}]"
+    return Text(text)
 
 
 def _shown(value: object, fmt: str) -> Text:
@@ -260,15 +253,16 @@ def restore(
     if target.exists() and any(target.iterdir()):
         raise UsageFailure(f"restore target {target} exists and is not empty")
     opened, wanted = _open_store(ctx, root, storage_options, (operator, partition), version)
-    keys, size, info = _materialize(env, opened, (operator, partition), wanted, target)
+    exported = _materialize(env, opened, (operator, partition), wanted, target)
+    info = exported.restore
     doc = {
         "root": opened.uri,
         "operator": operator,
         "partition": partition,
         "version": wanted,
-        "path": str(target),
-        "keys": keys,
-        "bytes": size,
+        "path": exported.path,
+        "keys": exported.keys,
+        "bytes": exported.bytes,
         "base_kind": info.base_kind,
         "base": info.base,
         "changelogs_replayed": info.changelogs_replayed,
@@ -282,55 +276,12 @@ def restore(
 
 def _materialize(
     env: Env, root: Root, names: tuple[str, int], version: int, target: Path
-) -> tuple[int, int, RestoreInfo]:
-    """Write the store at ``version`` beside ``target``, then rename it into place.
-
-    The working copy it is restored into lives beside ``target`` too (on the disk the user
-    chose for the state, not in the system temp folder), and is removed afterwards.
-
-    Returns:
-        The keys and bytes written, and how the store was restored.
-    """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".statekeeper-restore-", dir=target.parent))
-    config = dataclasses.replace(root.backend.config, local_dir=str(staging / "work"))
-    try:
-        with (
-            _download_bar(env, root, *names, version) as bars,
-            StateBackend(root.blobs, config=config) as backend,
-            backend.open(*names, version) as store,
-        ):
-            keys, size = _write_db(store, staging / "db", bars.add("writing", None))
-            info = store.restore_info
-        if target.exists():
-            target.rmdir()
-        os.replace(staging / "db", target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return keys, size, info
-
-
-def _write_db(store: StateStore, path: Path, bar: Bar) -> tuple[int, int]:
-    """Copy every item of ``store`` into a new RocksDB at ``path``; returns (keys, bytes)."""
-    db = rocksdict.Rdict(str(path), rocksdict.Options(raw_mode=True))
-    keys = size = 0
-    try:
-        batch, batch_items, batch_bytes = rocksdict.WriteBatch(raw_mode=True), 0, 0
-        for key, value in store.scan():
-            batch.put(key, value)
-            batch_items += 1
-            batch_bytes += len(key) + len(value)
-            if batch_items >= _BATCH_ITEMS or batch_bytes >= _BATCH_BYTES:
-                db.write(batch)
-                bar.advance(batch_items)
-                keys, size = keys + batch_items, size + batch_bytes
-                batch, batch_items, batch_bytes = rocksdict.WriteBatch(raw_mode=True), 0, 0
-        db.write(batch)
-        bar.advance(batch_items)
-        db.flush(wait=True)
-    finally:
-        db.close()
-    return keys + batch_items, size + batch_bytes
+) -> ExportInfo:
+    """Export the store at ``version`` to ``target``, with progress bars on a terminal."""
+    with _download_bar(env, root, *names, version) as bars:
+        return root.backend.export(
+            *names, target, version=version, progress=bars.add("writing", None).advance
+        )
 
 
 def _print_restored(console: Console, doc: dict[str, Any]) -> None:

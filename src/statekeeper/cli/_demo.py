@@ -1,4 +1,4 @@
-"""``statekeeper demo``: the demo pipeline (see :mod:`statekeeper.demo`).
+"""``statekeeper demo``: the demo pipeline (see :mod:`statekeeper.cli.demo`).
 
 The demo imports pyspark; it is imported when the command runs, never when the command
 line loads.
@@ -13,8 +13,8 @@ import sys
 import click
 
 from statekeeper.cli._app import CliError, cli, env_of
-from statekeeper.cli._root import _parse_storage_options
-from statekeeper.demo._options import FORMATS
+from statekeeper.cli._open import parse_storage_options
+from statekeeper.cli.demo import FORMATS, DemoError, DemoOptions, run_demo
 
 __all__ = ["demo"]
 
@@ -62,7 +62,7 @@ _NEEDS = ("pyspark", "pandas", "pyarrow")
     "storage_options",
     multiple=True,
     metavar="KEY=VALUE",
-    callback=_parse_storage_options,
+    callback=parse_storage_options,
     help="Object store option of --root (endpoint, region, ...); repeatable.",
 )
 @click.option(
@@ -125,8 +125,6 @@ def demo(
         raise CliError(f"the demo needs {', '.join(missing)}: pip install 'statekeeper[spark]'")
     # Spark's Python workers must run this interpreter, which has statekeeper installed.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from statekeeper.demo import DemoError, DemoOptions, run_demo
-
     try:
         options = DemoOptions(
             keys=keys, batches=batches, directory=directory, root=root, local_dir=local_dir,

@@ -11,8 +11,8 @@ from rich.table import Table
 from rich.text import Text
 
 from statekeeper.cli._app import cli, env_of, output_options
+from statekeeper.cli._open import Root, open_root, root_arguments
 from statekeeper.cli._render import human_bytes, version_ranges
-from statekeeper.cli._root import Root, open_root, root_arguments
 from statekeeper.history import StoreHistory
 
 __all__ = ["info", "versions"]

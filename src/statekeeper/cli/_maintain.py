@@ -1,13 +1,12 @@
 """``verify`` and ``gc``: is the root intact, and what can be deleted.
 
-Both are thin over :meth:`StateBackend.verify` and :meth:`StateBackend.gc`; the reports are
-read through the small protocols below, which name every attribute the command line uses.
+Both are thin over :meth:`StateBackend.verify` and :meth:`StateBackend.gc` and render their
+reports (:class:`~statekeeper.VerifyReport`, :class:`~statekeeper.GcReport`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import click
 from rich.console import Console
@@ -15,64 +14,16 @@ from rich.table import Table
 from rich.text import Text
 
 from statekeeper.cli._app import EXIT_PROBLEMS, cli, env_of, output_options
+from statekeeper.cli._open import open_root, root_arguments
 from statekeeper.cli._progress import Bars
 from statekeeper.cli._render import human_bytes
-from statekeeper.cli._root import open_root, root_arguments
 from statekeeper.config import StoreConfig
+from statekeeper.gc import GcReport
+from statekeeper.verify import VerifyReport
 
 __all__ = ["gc", "verify"]
 
 _DEFAULTS = StoreConfig()
-
-
-class ProblemLike(Protocol):
-    """One problem of a :class:`VerifyReportLike`."""
-
-    @property
-    def store(self) -> str: ...
-    @property
-    def blob(self) -> str: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def message(self) -> str: ...
-
-
-class VerifyReportLike(Protocol):
-    """What ``verify`` reads of ``StateBackend.verify``'s report."""
-
-    @property
-    def problems(self) -> Sequence[ProblemLike]: ...
-    @property
-    def blobs_checked(self) -> int: ...
-    @property
-    def bytes_checked(self) -> int: ...
-    @property
-    def ok(self) -> bool: ...
-
-
-class StoreGcLike(Protocol):
-    """One store of a :class:`GcReportLike`."""
-
-    @property
-    def deleted_blobs(self) -> int: ...
-    @property
-    def deleted_bytes(self) -> int: ...
-    @property
-    def kept_blobs(self) -> int: ...
-    @property
-    def kept_bytes(self) -> int: ...
-
-
-class GcReportLike(Protocol):
-    """What ``gc`` reads of ``StateBackend.gc``'s report."""
-
-    @property
-    def stores(self) -> Mapping[str, StoreGcLike]: ...
-    @property
-    def deleted_keys(self) -> Sequence[str]: ...
-    @property
-    def dry_run(self) -> bool: ...
 
 
 @cli.command()
@@ -89,7 +40,7 @@ def verify(ctx: click.Context, root: str, storage_options: dict[str, str], deep:
     opened = open_root(ctx, root, storage_options)
     with Bars(env, "items") as bars:
         bar = bars.add("verifying blobs" + (" (deep)" if deep else ""), None)
-        report: VerifyReportLike = opened.backend.verify(deep=deep, progress=bar.set)
+        report: VerifyReport = opened.backend.verify(deep=deep, progress=bar.set)
     doc = _verify_document(opened.uri, deep, report)
     if env.json:
         env.emit_json(doc)
@@ -103,7 +54,7 @@ def verify(ctx: click.Context, root: str, storage_options: dict[str, str], deep:
         ctx.exit(EXIT_PROBLEMS)
 
 
-def _verify_document(uri: str, deep: bool, report: VerifyReportLike) -> dict[str, Any]:
+def _verify_document(uri: str, deep: bool, report: VerifyReport) -> dict[str, Any]:
     return {
         "root": uri,
         "deep": deep,
@@ -173,7 +124,7 @@ def gc(
     opened = open_root(
         ctx, root, storage_options, retain_versions=retain_versions, orphan_ttl_s=orphan_ttl
     )
-    report: GcReportLike = opened.backend.gc(dry_run=dry_run)
+    report: GcReport = opened.backend.gc(dry_run=dry_run)
     doc = _gc_document(opened.uri, retain_versions, orphan_ttl, report)
     if env.json:
         env.emit_json(doc)
@@ -182,7 +133,7 @@ def gc(
 
 
 def _gc_document(
-    uri: str, retain_versions: int, orphan_ttl: float, report: GcReportLike
+    uri: str, retain_versions: int, orphan_ttl: float, report: GcReport
 ) -> dict[str, Any]:
     stores = [
         {

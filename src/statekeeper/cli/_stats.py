@@ -1,19 +1,13 @@
 """``stats``: per-commit history of bytes, records and latency, with percentiles and a plot.
 
-Bytes and records come from the commits themselves: a changelog commit's size is its blob's
-size and its record count is in its header (one ranged read of
-:data:`~statekeeper.changelog.HEADER_SIZE` bytes); a snapshot-mode commit's bytes are its
-index plus the file blobs it added over the previous snapshot. Latency is not derivable
-from blobs (their modification times measure the gaps between batches, not commits): it is
-shown only where commit-metrics blobs (:mod:`statekeeper.metrics`) record it.
+The history itself is :func:`statekeeper.metrics.commit_history`; this module summarizes
+and draws it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import click
@@ -21,15 +15,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from statekeeper import layout
-from statekeeper.changelog import HEADER_SIZE, read_header
 from statekeeper.cli._app import UsageFailure, cli, env_of, output_options
-from statekeeper.cli._progress import Bar, Bars
+from statekeeper.cli._open import Root, open_root, root_arguments
+from statekeeper.cli._progress import Bars
 from statekeeper.cli._render import block_plot, bucket, human_bytes, percentile
-from statekeeper.cli._root import Root, open_root, root_arguments
-from statekeeper.errors import StateNotFoundError
-from statekeeper.metrics import read_commit_metrics
-from statekeeper.snapshot import SnapshotIndex, load_index, referenced_blob_ids
+from statekeeper.metrics import CommitRecord, commit_history
 
 __all__ = ["stats"]
 
@@ -38,17 +28,6 @@ _LATENCY_NOTE = (
     "commit latency: not recorded in this root (it needs commit-metrics blobs, see "
     "statekeeper.metrics); bytes and records come from the committed blobs"
 )
-
-
-@dataclass(frozen=True)
-class Commit:
-    """What one commit wrote, and how long it took when that is known."""
-
-    version: int
-    kind: str
-    bytes: int
-    records: int | None
-    latency_ms: float | None
 
 
 @cli.command()
@@ -79,11 +58,18 @@ def stats(
     env = env_of(ctx)
     opened = open_root(ctx, root, storage_options)
     stores = _selected(opened, operator, partition)
-    versions = {s: _versions(opened, *s, last) for s in stores}
-    headers = sum(len(v[1]) for v in versions.values())
+    headers = sum(_headers(opened, *s, last) for s in stores)
     with Bars(env, "items") as bars:
         bar = bars.add("reading changelog headers", headers)
-        history = {s: _commits(opened, *s, *versions[s], bar) for s in stores}
+        threads = opened.backend.config.io_threads
+
+        def one(store: tuple[str, int]) -> list[CommitRecord]:
+            return commit_history(
+                opened.blobs, opened.listing, *store, last=last, io_threads=threads,
+                on_header=lambda: bar.advance(1),
+            )  # fmt: skip
+
+        history = {s: one(s) for s in stores}
     doc = _document(opened, history)
     if env.json:
         env.emit_json(doc)
@@ -103,94 +89,13 @@ def _selected(root: Root, operator: str | None, partition: int | None) -> list[t
     return [(operator, p) for p in root.partitions(operator)]
 
 
-def _versions(
-    root: Root, operator: str, partition: int, last: int | None
-) -> tuple[list[int], list[int]]:
-    """The committed versions of a store (the newest ``last``), and which have changelogs."""
+def _headers(root: Root, operator: str, partition: int, last: int | None) -> int:
+    """How many changelog headers :func:`commit_history` reads for a store."""
     history = root.listing.history(operator, partition)
     versions = sorted(v for v in history.changelogs | history.snapshots if v > 0)
     if last is not None:
         versions = versions[-last:]
-    return versions, [v for v in versions if v in history.changelogs]
-
-
-def _commits(
-    root: Root, operator: str, partition: int, versions: list[int], logged: list[int], bar: Bar
-) -> list[Commit]:
-    """Every commit among ``versions``; ``logged`` are those a changelog commits."""
-    if not versions:
-        return []
-    sizes = {m.key: m.size for m in root.listing.metas(operator, partition)}
-    records = _record_counts(root, operator, partition, logged, bar)
-    metrics = read_commit_metrics(root.blobs, operator, partition, since=versions[0])
-    snapshots = _SnapshotBytes(root, operator, partition, sizes)
-    out = []
-    for v in versions:
-        if v in records:
-            size = sizes[layout.changelog_key(operator, partition, v)]
-            commit = Commit(v, "changelog", size, records[v], None)
-        else:
-            commit = Commit(v, "snapshot", snapshots.bytes_of(v), None, None)
-        recorded = metrics.get(v)
-        if recorded is not None:  # latency, and the record count a snapshot cannot tell
-            commit = dataclasses.replace(
-                commit,
-                records=recorded.records if commit.records is None else commit.records,
-                latency_ms=recorded.duration_ms,
-            )
-        out.append(commit)
-    return out
-
-
-def _record_counts(
-    root: Root, operator: str, partition: int, versions: list[int], bar: Bar
-) -> dict[int, int]:
-    """Record count of each changelog, from its header alone, read in parallel."""
-
-    def count(v: int) -> int:
-        key = layout.changelog_key(operator, partition, v)
-        header = read_header(root.blobs.get_range(key, 0, HEADER_SIZE), blob=key)
-        bar.advance(1)
-        return header.record_count
-
-    with ThreadPoolExecutor(root.backend.config.io_threads) as pool:
-        return dict(zip(versions, pool.map(count, versions), strict=True))
-
-
-class _SnapshotBytes:
-    """Bytes a snapshot-mode commit uploaded: its index plus the file blobs new in it."""
-
-    def __init__(self, root: Root, operator: str, partition: int, sizes: dict[str, int]) -> None:
-        self._root, self._operator, self._partition = root, operator, partition
-        self._sizes = sizes
-        self._snapshots = sorted(root.listing.history(operator, partition).snapshots)
-        self._indexes: dict[int, SnapshotIndex | None] = {}
-
-    def _index(self, version: int) -> SnapshotIndex | None:
-        if version not in self._indexes:
-            try:
-                self._indexes[version] = load_index(
-                    self._root.blobs, self._operator, self._partition, version
-                )
-            except StateNotFoundError:
-                self._indexes[version] = None
-        return self._indexes[version]
-
-    def bytes_of(self, version: int) -> int:
-        index = self._index(version)
-        own = self._sizes.get(
-            layout.snapshot_index_key(self._operator, self._partition, version), 0
-        )
-        if index is None:
-            return own
-        older = [v for v in self._snapshots if v < version]
-        previous = self._index(older[-1]) if older else None
-        known = referenced_blob_ids(previous) if previous is not None else set()
-        new = referenced_blob_ids(index) - known
-        return own + sum(
-            self._sizes.get(layout.file_blob_key(self._operator, self._partition, b), 0)
-            for b in new
-        )
+    return sum(1 for v in versions if v in history.changelogs)
 
 
 def _summary(values: list[float]) -> dict[str, float] | None:
@@ -203,7 +108,7 @@ def _summary(values: list[float]) -> dict[str, float] | None:
     }
 
 
-def _summaries(commits: list[Commit]) -> dict[str, Any]:
+def _summaries(commits: list[CommitRecord]) -> dict[str, Any]:
     return {
         "commits": len(commits),
         "bytes": _summary([c.bytes for c in commits]),
@@ -212,9 +117,9 @@ def _summaries(commits: list[Commit]) -> dict[str, Any]:
     }
 
 
-def _document(root: Root, history: dict[tuple[str, int], list[Commit]]) -> dict[str, Any]:
+def _document(root: Root, history: dict[tuple[str, int], list[CommitRecord]]) -> dict[str, Any]:
     recorded = any(c.latency_ms is not None for cs in history.values() for c in cs)
-    operators: dict[str, list[Commit]] = {}
+    operators: dict[str, list[CommitRecord]] = {}
     for (op, _), commits in history.items():
         operators.setdefault(op, []).extend(commits)
     return {

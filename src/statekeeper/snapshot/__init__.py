@@ -10,6 +10,7 @@ reusing identical files and verifying every byte it downloads.
 from __future__ import annotations
 
 from statekeeper.snapshot._diff import DirDiff, diff_dir
+from statekeeper.snapshot._download import RestoreMetrics, restore_snapshot
 from statekeeper.snapshot._files import is_immutable, is_skipped
 from statekeeper.snapshot._index import (
     ROOT_DIR_NAME,
@@ -23,7 +24,6 @@ from statekeeper.snapshot._index import (
     iter_files,
     referenced_blob_ids,
 )
-from statekeeper.snapshot._restore import RestoreMetrics, restore_snapshot
 from statekeeper.snapshot._transfer import SnapshotMetrics, load_index, upload_snapshot
 
 __all__ = [

@@ -34,7 +34,7 @@ from statekeeper.snapshot._index import (
 )
 
 if TYPE_CHECKING:
-    from statekeeper.storage._protocol import BlobStore
+    from statekeeper.storage import BlobStore
 
 __all__ = ["SnapshotMetrics", "check_transfer_args", "load_index", "upload_snapshot"]
 

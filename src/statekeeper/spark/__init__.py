@@ -22,19 +22,30 @@ Modelled on Spark 4's ``transformWithStateInPandas``, with state kept in the Pyt
 Micro-batch ``b`` loads state version ``b`` and commits ``b + 1``; re-running a batch is
 idempotent. Per-batch metrics are logged by logger ``statekeeper.spark`` and kept by
 :func:`state_listener`; epoch manifests are written to ``_epochs/`` in the root.
+
+The processor-facing names (processor, handles, codecs, key tuples) live in
+:mod:`statekeeper.keyed`, which needs no pyspark, and are re-exported here.
 """
 
 from __future__ import annotations
 
-from statekeeper.spark._codec import Codec, DefaultCodec, PickleCodec
-from statekeeper.spark._epochs import EpochManifest, StoreEntry, latest_epoch, read_manifest
+from statekeeper.epochs import EpochManifest, StoreEntry, latest_epoch, read_manifest
+from statekeeper.keyed import (
+    Codec,
+    DefaultCodec,
+    ListState,
+    MapState,
+    PickleCodec,
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    ValueState,
+    decode_key,
+    encode_key,
+)
 from statekeeper.spark._filelock import StoreBusyError
-from statekeeper.spark._handles import ListState, MapState, StatefulProcessorHandle, ValueState
-from statekeeper.spark._keys import decode_key, encode_key
 from statekeeper.spark._listener import StateListener, state_listener
 from statekeeper.spark._metrics import BatchMetrics
 from statekeeper.spark._output import OutputSchemaError
-from statekeeper.spark._processor import StatefulProcessor
 from statekeeper.spark._read import read_state
 from statekeeper.spark._runner import PartitionStore
 from statekeeper.spark._transform import transform_with_state, transform_with_state_arrow

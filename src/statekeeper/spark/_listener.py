@@ -22,8 +22,8 @@ from pyspark import Accumulator
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+from statekeeper.epochs import build_manifest, write_manifest
 from statekeeper.errors import StateKeeperError
-from statekeeper.spark._epochs import build_manifest, write_manifest
 from statekeeper.spark._metrics import BatchMetrics, aggregate
 from statekeeper.spark._reports import ReportParam, ReportSink, TaskReport
 from statekeeper.storage import BlobStore

@@ -7,29 +7,18 @@ partition has is read, which is a consistent cut: all partitions commit every mi
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import json
-import math
 import tempfile
 from collections.abc import Iterator, Mapping
-from decimal import Decimal
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from statekeeper.config import StoreConfig
-from statekeeper.errors import CorruptStateError, StateNotFoundError
-from statekeeper.spark._codec import codec_by_name
-from statekeeper.spark._keys import decode_element, decode_key
-from statekeeper.spark._statekeys import (
-    DATA,
-    LIST_ITEM,
-    META_KEY,
-    OperatorRecord,
-    unwrap,
-)
+from statekeeper.errors import StateNotFoundError
+from statekeeper.keyed import OperatorRecord, iter_state, jsonable, read_operator_record
 from statekeeper.store import StateBackend, StateStore
 
 __all__ = ["read_state"]
@@ -54,8 +43,8 @@ def read_state(
     checkpoint: str,
     name: str,
     version: int | None = None,
-    storage_options: Mapping[str, str] | None = None,
     *,
+    storage_options: Mapping[str, str] | None = None,
     allow_pickle: bool = False,
 ) -> DataFrame:
     """The state of operator ``name`` as a DataFrame.
@@ -109,12 +98,12 @@ def _read_rows(
     record: OperatorRecord | None = None
     for p in range(count):
         with backend.open(name, p, version) as store:
-            found = store.get(META_KEY)
+            found = read_operator_record(store)
             if found is None:
-                raw.extend((p, k, v) for k, v in store.scan() if not k.startswith(META_KEY))
+                raw.extend((p, k, v) for k, v in store.scan())
                 continue
-            record = record or OperatorRecord.from_bytes(found)
-            typed.extend(_typed_rows(store, p, OperatorRecord.from_bytes(found), allow_pickle))
+            record = record or found
+            typed.extend(_typed_rows(store, p, allow_pickle))
     if record is None:
         return raw, _RAW_SCHEMA
     return typed, _typed_schema(record)
@@ -136,58 +125,16 @@ def _typed_schema(record: OperatorRecord) -> T.StructType:
     )
 
 
-def _typed_rows(
-    store: StateStore, partition: int, record: OperatorRecord, allow_pickle: bool
-) -> Iterator[tuple[Any, ...]]:
-    arity = len(record.keys)
-    positions: dict[bytes, int] = {}
-    for key, value in store.scan(DATA):
-        state, pos = decode_element(key, len(DATA))
-        decl = record.states.get(state)
-        if decl is None:
-            raise CorruptStateError(f"state {state!r} is not in the operator record")
-        group, used = decode_key(key[pos:], arity)
-        rest = key[pos + used :]
-        if decl.kind == "list":
-            if not rest.startswith(LIST_ITEM):
-                continue  # the list's counter
-            prefix = key[: pos + used]
-            entry: str | None = str(positions.get(prefix, 0))
-            positions[prefix] = positions.get(prefix, 0) + 1
-        elif decl.kind == "map":
-            entry = _json(decode_element(rest)[0])
-        else:
-            entry = None
-        expiry, payload = unwrap(value)
-        expires = None if expiry is None else dt.datetime.fromtimestamp(expiry / 1000, dt.UTC)
-        yield (partition, *group, state, entry, _decode(payload, decl.codec, allow_pickle), expires)
-
-
-def _decode(payload: bytes, codec_name: str, allow_pickle: bool) -> str:
-    codec = codec_by_name(codec_name, allow_pickle=allow_pickle)
-    if codec is None:
-        hint = "pass allow_pickle=True to decode" if codec_name == "pickle" else "custom codec"
-        return json.dumps(f"<{codec_name}: {len(payload)} bytes; {hint}>")
-    return _json(codec.decode(payload))
+def _typed_rows(store: StateStore, partition: int, allow_pickle: bool) -> Iterator[tuple[Any, ...]]:
+    for e in iter_state(store, allow_pickle=allow_pickle):
+        entry = None if e.kind == "value" else str(e.entry) if e.kind == "list" else _json(e.entry)
+        expires = (
+            None
+            if e.expires_at_ms is None
+            else dt.datetime.fromtimestamp(e.expires_at_ms / 1000, dt.UTC)
+        )
+        yield (partition, *e.key, e.state, entry, _json(e.value), expires)
 
 
 def _json(value: Any) -> str:
-    return json.dumps(_plain(value), ensure_ascii=False)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k if isinstance(k, str) else _json(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    if isinstance(value, dt.datetime | dt.date | dt.time):
-        return value.isoformat()
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
+    return json.dumps(jsonable(value), ensure_ascii=False)

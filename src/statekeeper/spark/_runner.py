@@ -6,7 +6,6 @@ leased store, and tests drive it directly with an explicit clock.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,10 +15,8 @@ import pandas as pd  # type: ignore[import-untyped]
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-from statekeeper.spark._handles import StatefulProcessorHandle
+from statekeeper.keyed import StatefulProcessor, StatefulProcessorHandle
 from statekeeper.spark._output import OutputWriter, conform_batch
-from statekeeper.spark._processor import StatefulProcessor
-from statekeeper.spark._statekeys import META_KEY, OperatorRecord, check_keys
 from statekeeper.store import StateStore
 
 __all__ = [
@@ -89,27 +86,6 @@ def _frames(out: Any, where: str) -> Iterable[Any]:
     )
 
 
-def _record_operator(
-    store: StateStore,
-    handle: StatefulProcessorHandle,
-    keys: Sequence[str],
-    key_schema: str | None,
-    operator: str,
-) -> None:
-    """Keep the store's operator record (key columns, declared states) up to date."""
-    raw = store.get(META_KEY)
-    if raw is None:
-        record = OperatorRecord(tuple(keys), key_schema)
-    else:
-        record = OperatorRecord.from_bytes(raw)
-        check_keys(record, tuple(keys), operator)
-        if key_schema is not None:
-            record = dataclasses.replace(record, key_schema=key_schema)
-    data = record.merged(handle.declared()).to_bytes()
-    if data != raw:
-        store.put(META_KEY, data)
-
-
 def run_processor(
     store: StateStore,
     processor: StatefulProcessor,
@@ -138,7 +114,7 @@ def run_processor(
     where = f"operator {operator!r} partition {partition} micro-batch {batch_id}"
     handle = StatefulProcessorHandle(store, now_ms=now_ms, batch_id=batch_id, partition=partition)
     processor.init(handle)
-    _record_operator(store, handle, keys, key_schema, operator)
+    handle.record_operator(keys, key_schema=key_schema, operator=operator)
     writer = OutputWriter(output_schema, where)
     for key, rows in iter_groups(table, keys):
         handle.set_key(key)

@@ -31,10 +31,9 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from statekeeper import layout
 from statekeeper.config import StoreConfig
 from statekeeper.errors import CommitConflictError, StateKeeperError
+from statekeeper.keyed import StatefulProcessor
 from statekeeper.spark._cache import CACHE, Lease, StoreSpec
-from statekeeper.spark._keys import ensure_sequence
 from statekeeper.spark._listener import state_listener
-from statekeeper.spark._processor import StatefulProcessor
 from statekeeper.spark._reports import TaskReport
 from statekeeper.spark._runner import ArrowFunction, RunStats, run_arrow, run_processor
 from statekeeper.storage import open_blob_store
@@ -89,9 +88,9 @@ def transform_with_state(
     checkpoint: str,
     name: str,
     partitions: int,
+    *,
     config: StoreConfig | None = None,
     storage_options: Mapping[str, str] | None = None,
-    *,
     lock_timeout_s: float = 120.0,
 ) -> DataFrame:
     """Run ``processor`` per key of a streaming DataFrame, with state in ``checkpoint``.
@@ -141,9 +140,9 @@ def transform_with_state_arrow(
     checkpoint: str,
     name: str,
     partitions: int,
+    *,
     config: StoreConfig | None = None,
     storage_options: Mapping[str, str] | None = None,
-    *,
     lock_timeout_s: float = 120.0,
 ) -> DataFrame:
     """The vectorized form: ``fn(store, batches)`` gets a partition's whole input.
@@ -179,7 +178,7 @@ def _check_input(df: DataFrame, keys: str | Sequence[str], reserved: str | None)
             "batch DataFrame. Micro-batch ids drive the state versions, and a batch "
             "DataFrame has none"
         )
-    names = ensure_sequence(keys)
+    names = _key_names(keys)
     fields = {f.name: f for f in df.schema.fields}
     missing = [k for k in names if k not in fields]
     if missing:
@@ -384,3 +383,21 @@ def _report(
         expired=stats.expired,
         task_s=task_s,
     )
+
+
+def _key_names(keys: str | Sequence[str]) -> list[str]:
+    """Normalize a key column argument to a list of names.
+
+    Raises:
+        TypeError: not a str or a sequence of str.
+        ValueError: empty, or a name repeats.
+    """
+    names = [keys] if isinstance(keys, str) else list(keys)
+    if not names:
+        raise ValueError("keys must name at least one column")
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"key column names must be str, got {type(name).__name__}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"key columns repeat: {names}")
+    return names

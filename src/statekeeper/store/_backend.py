@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
+import shutil
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 
 from statekeeper import layout
@@ -17,8 +19,9 @@ from statekeeper.gc import GcReport, collect_garbage
 from statekeeper.history import StoreHistory
 from statekeeper.snapshot import SnapshotMetrics
 from statekeeper.storage import BlobStore, open_blob_store
+from statekeeper.store._export import ExportInfo, prepare_target, publish, staging_dir, write_db
 from statekeeper.store._restore import restore_copy
-from statekeeper.store._root import RootRegistry
+from statekeeper.store._root import RootMetadata, RootRegistry
 from statekeeper.store._snapshots import Snapshotter, remove_stale_checkpoints
 from statekeeper.store._state_store import StateStore
 from statekeeper.store._working_copy import WorkingCopy
@@ -72,6 +75,7 @@ class StateBackend:
             self._blobs = open_blob_store(
                 os.fspath(root), storage_options, io_threads=config.io_threads
             )
+        self._owns_blobs = True
         self._registry = RootRegistry(self._blobs)
         self._snapshotter = Snapshotter(self._blobs, config)
         self._snapshotter.after_upload = self._gc_after_snapshot
@@ -266,10 +270,66 @@ class StateBackend:
         """
         return StoreHistory.load(self._blobs, name, partition).restorable_versions()
 
+    def root_metadata(self) -> RootMetadata | None:
+        """What the root records (format version, root id, operators and their partition
+        counts), read now; ``None`` if nothing was ever registered in it.
+
+        Raises:
+            CorruptStateError: the root metadata is not valid.
+            ConfigMismatchError: it was written by a newer statekeeper.
+            StorageError: the root cannot be read.
+        """
+        return self._registry.read()
+
+    def export(
+        self,
+        name: str,
+        partition: int,
+        to: str | os.PathLike[str],
+        *,
+        version: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> ExportInfo:
+        """Write store (``name``, ``partition``) at ``version`` as a RocksDB directory ``to``.
+
+        The directory opens with ``rocksdict.Rdict(path)`` (or any RocksDB tool) and holds
+        exactly the store's items. The store is restored into a working copy beside ``to``
+        (never this backend's own working copies) and the result is renamed into place only
+        when complete.
+
+        Args:
+            name: the operator.
+            partition: the partition.
+            to: the directory to create; it must not exist, or be empty.
+            version: the version to export; the latest if ``None``.
+            progress: called with the number of items written, batch by batch.
+
+        Raises:
+            FileExistsError: ``to`` exists and is not an empty directory.
+            StateNotFoundError, CorruptStateError, StorageError: as :meth:`open`.
+        """
+        target = prepare_target(to)
+        staging = staging_dir(target)
+        config = dataclasses.replace(self._config, local_dir=str(staging / "work"))
+        try:
+            staged = StateBackend(self._blobs, config=config)
+            staged._owns_blobs = False
+            with staged, staged.open(name, partition, version) as store:
+                keys, size = write_db(store, staging / "db", progress)
+                info = store.restore_info
+                exported = store.version
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        publish(staging, target)
+        return ExportInfo(str(target), exported, keys, size, info)
+
     def close(self) -> None:
-        """Finish background snapshots, then release the blob store's threads."""
+        """Finish background snapshots, then release the blob store's threads (unless the
+        blob store is shared with the backend that made this one)."""
         self._snapshotter.close()
-        self._blobs.close()
+        if self._owns_blobs:
+            self._blobs.close()
 
     def __enter__(self) -> StateBackend:
         return self

@@ -260,7 +260,7 @@ class StateStore:
         )
         if self._job is not None and scheduled:
             self._job.metrics, self._metrics = self._metrics, []  # written in the background
-        elif len(self._metrics) >= self._config.snapshot_every:
+        elif len(self._metrics) >= self._config.metrics_every:
             self._write_metrics()
         _log.debug("committed %s", info)
         return info

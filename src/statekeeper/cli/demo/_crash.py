@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from statekeeper.cli.demo._options import OPERATOR, DemoError, DemoOptions
+from statekeeper.cli.demo._rows import BatchRow, decode_message
+from statekeeper.cli.demo._show import BatchBoard
 from statekeeper.config import StoreConfig
-from statekeeper.demo._options import OPERATOR, DemoError, DemoOptions
-from statekeeper.demo._rows import BatchRow, decode_message
-from statekeeper.demo._show import BatchBoard
 from statekeeper.store import StateBackend
 
 __all__ = ["CrashReport", "crash_phase", "describe"]
@@ -64,7 +64,7 @@ def crash_phase(options: DemoOptions, kill_after: int, board: BatchBoard) -> Cra
     log_path = paths.logs / "crash-driver.log"
     env = dict(os.environ)
     env.setdefault("PYSPARK_PYTHON", sys.executable)
-    command = [sys.executable, "-m", "statekeeper.demo._child", options.to_json()]
+    command = [sys.executable, "-m", "statekeeper.cli.demo._child", options.to_json()]
     with log_path.open("wb") as log, _watcher(options) as backend:
         proc = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True, text=True

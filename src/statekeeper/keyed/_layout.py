@@ -9,7 +9,7 @@
     0x01 <state> <grouping key> 0x01 <seq:u64>    list state element
     0x02 <state> <expiry ms:u64> <data key>       TTL index entry (empty value)
 
-``<state>``, ``<grouping key>`` and ``<map key>`` use the tuple encoding of ``_keys`` (self
+``<state>``, ``<grouping key>`` and ``<map key>`` use the tuple encoding of ``_tuples`` (self
 delimiting, so one key's prefix never matches another key). Every value written by a handle
 starts with a TTL byte: ``0x00`` (no expiry) or ``0x01`` followed by the expiry in
 milliseconds since the epoch (uint64), then the codec's bytes.
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statekeeper.errors import ConfigMismatchError, CorruptStateError
-from statekeeper.spark._keys import encode_element
+from statekeeper.keyed._tuples import encode_element
 
 __all__ = [
     "DATA",

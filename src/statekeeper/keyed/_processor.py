@@ -6,7 +6,7 @@ import abc
 from collections.abc import Iterator
 from typing import Any
 
-from statekeeper.spark._handles import StatefulProcessorHandle
+from statekeeper.keyed._handles import StatefulProcessorHandle
 
 __all__ = ["StatefulProcessor"]
 

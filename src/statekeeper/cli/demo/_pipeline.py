@@ -19,13 +19,13 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
+from statekeeper.cli.demo._clicks import INPUT_SCHEMA
+from statekeeper.cli.demo._options import OPERATOR, DemoError, DemoOptions, DemoPaths
+from statekeeper.cli.demo._rows import BatchRow
+from statekeeper.cli.demo._sessionizer import OUTPUT_SCHEMA, SUMMARY, Sessionizer
 from statekeeper.config import StoreConfig
-from statekeeper.demo._clicks import INPUT_SCHEMA
-from statekeeper.demo._options import OPERATOR, DemoError, DemoOptions, DemoPaths
-from statekeeper.demo._processor import OUTPUT_SCHEMA, SUMMARY, Sessionizer
-from statekeeper.demo._rows import BatchRow
+from statekeeper.keyed import iter_state
 from statekeeper.spark import BatchMetrics, StateListener, state_listener, transform_with_state
-from statekeeper.spark._statekeys import state_prefix
 from statekeeper.store import StateBackend
 
 __all__ = ["StateMonitor", "build_session", "run_phase", "store_config"]
@@ -105,10 +105,16 @@ def run_phase(
     """
     paths = options.paths()
     out = transform_with_state(
-        _input_stream(spark, options, paths.input), "user", Sessionizer(options.gap_s),
-        OUTPUT_SCHEMA, paths.root, OPERATOR, options.partitions, store_config(local_dir),
-        options.storage_options or None,
-    )  # fmt: skip
+        _input_stream(spark, options, paths.input),
+        keys="user",
+        processor=Sessionizer(options.gap_s),
+        output_schema=OUTPUT_SCHEMA,
+        checkpoint=paths.root,
+        name=OPERATOR,
+        partitions=options.partitions,
+        config=store_config(local_dir),
+        storage_options=options.storage_options or None,
+    )
     listener = state_listener(spark)
     done = max((m.batch_id for m in listener.metrics(operator=OPERATOR)), default=-1)
     query = (
@@ -189,7 +195,6 @@ class StateMonitor:
             storage_options=options.storage_options or None,
         )
         self._partitions = options.partitions
-        self._prefix = state_prefix(SUMMARY)
 
     def users(self, version: int) -> int:
         """Users with a ``summary`` at ``version``, over all partitions.
@@ -200,7 +205,7 @@ class StateMonitor:
         total = 0
         for partition in range(self._partitions):
             with self._backend.open(OPERATOR, partition, version) as store:
-                total += sum(1 for _ in store.scan(self._prefix))
+                total += sum(1 for _ in iter_state(store, state=SUMMARY))
         return total
 
     def close(self) -> None:

@@ -10,25 +10,29 @@ that cost proportional to what expires).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from statekeeper.errors import StateKeeperError
-from statekeeper.spark._codec import Codec, DefaultCodec
-from statekeeper.spark._keys import decode_element, encode_element, encode_key
-from statekeeper.spark._statekeys import (
+from statekeeper.keyed._layout import (
     LIST_ITEM,
     LIST_META,
+    META_KEY,
     U64,
+    OperatorRecord,
     StateDecl,
+    check_keys,
     state_prefix,
     ttl_prefix,
     unwrap,
     validate_state_name,
     wrap,
 )
+from statekeeper.keyed._tuples import decode_element, encode_element, encode_key
+from statekeeper.keyed._values import Codec, DefaultCodec
 from statekeeper.store import StateStore
 
 __all__ = ["ListState", "MapState", "StatefulProcessorHandle", "ValueState"]
@@ -128,6 +132,33 @@ class StatefulProcessorHandle:
         return {
             name: StateDecl(s.kind, s.ttl_ms, str(s.codec.name)) for name, s in self._states.items()
         }
+
+    def record_operator(
+        self, keys: Sequence[str], *, key_schema: str | None, operator: str
+    ) -> None:
+        """Keep the store's operator record (key columns, declared states) up to date.
+
+        Args:
+            keys: the grouping key columns.
+            key_schema: the key columns' type as the engine describes it (Spark JSON), for
+                typed reading; ``None`` keeps what is recorded.
+            operator: the operator's name, for errors.
+
+        Raises:
+            ConfigMismatchError: the keys or a state's kind differ from what the store holds.
+            CorruptStateError: the stored record is not valid.
+        """
+        raw = self._store.get(META_KEY)
+        if raw is None:
+            record = OperatorRecord(tuple(keys), key_schema)
+        else:
+            record = OperatorRecord.from_bytes(raw)
+            check_keys(record, tuple(keys), operator)
+            if key_schema is not None:
+                record = dataclasses.replace(record, key_schema=key_schema)
+        data = record.merged(self.declared()).to_bytes()
+        if data != raw:
+            self._store.put(META_KEY, data)
 
     def set_key(self, key: tuple[Any, ...] | None) -> None:
         """Bind the states to ``key`` (``None``: unbind).

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from statekeeper.spark import decode_key, encode_key
-from statekeeper.spark._keys import encode_element
+from statekeeper.keyed import decode_key, encode_key
+from statekeeper.keyed._tuples import encode_element
 
 ints = st.integers(min_value=-(2**80), max_value=2**80)
 floats = st.floats(allow_nan=False)

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from statekeeper.demo._options import DemoError, DemoOptions
+from statekeeper.cli.demo._options import FORMATS, DemoError, DemoOptions
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["DemoError", "DemoOptions", "run_demo"]
+__all__ = ["FORMATS", "DemoError", "DemoOptions", "run_demo"]
 
 
 def run_demo(options: DemoOptions, console: Console | None = None) -> int:
@@ -40,6 +40,6 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
         DemoError: the demo folder or root cannot be used, or a phase failed.
         StateKeeperError: the checkpoint root failed.
     """
-    from statekeeper.demo._run import run
+    from statekeeper.cli.demo._run import run
 
     return run(options, console)

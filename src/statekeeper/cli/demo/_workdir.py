@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import shutil
 
+from statekeeper.cli.demo._options import OPERATOR, DemoError, DemoOptions, DemoPaths
 from statekeeper.config import StoreConfig
-from statekeeper.demo._options import OPERATOR, DemoError, DemoOptions, DemoPaths
 from statekeeper.store import StateBackend
 
 __all__ = ["MARKER_FILE", "prepare"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from statekeeper import StateBackend, StateKeeperError, StateStore, StoreConfig
-from statekeeper.spark import StatefulProcessorHandle
+from statekeeper.keyed import StatefulProcessorHandle
 
 S = 1000  # ms per second
 

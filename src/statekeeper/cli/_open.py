@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeVar, cast
 from urllib.parse import unquote, urlsplit
@@ -23,25 +23,25 @@ from statekeeper import layout
 from statekeeper.cli._app import UsageFailure
 from statekeeper.config import StoreConfig
 from statekeeper.errors import StateNotFoundError
-from statekeeper.history import StoreHistory
-from statekeeper.storage import BlobMeta, BlobStore, open_blob_store
-from statekeeper.store import StateBackend
-from statekeeper.store._root import RootMetadata, RootRegistry
+from statekeeper.history import RootListing
+from statekeeper.storage import BlobStore, open_blob_store
+from statekeeper.store import RootMetadata, StateBackend
 
 __all__ = [
     "MeteredBlobStore",
     "Root",
-    "RootListing",
     "open_root",
+    "parse_storage_options",
     "root_arguments",
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _parse_storage_options(
+def parse_storage_options(
     _ctx: click.Context, _param: click.Parameter, values: Sequence[str]
 ) -> dict[str, str]:
+    """Click callback: repeated ``KEY=VALUE`` values as a dict (a key given twice is refused)."""
     options: dict[str, str] = {}
     for item in values:
         key, sep, value = item.partition("=")
@@ -62,7 +62,7 @@ def root_arguments(f: _F) -> _F:
         "storage_options",
         multiple=True,
         metavar="KEY=VALUE",
-        callback=_parse_storage_options,
+        callback=parse_storage_options,
         help="Object store option (endpoint, region, access_key_id, allow_http, ...); repeatable.",
     )(f)
     return click.argument("root")(f)
@@ -112,47 +112,6 @@ class MeteredBlobStore:
         out = self._inner.get_many(keys)
         self._count(sum(len(d) for d in out))
         return out
-
-
-@dataclass
-class RootListing:
-    """Every blob of a root, from one listing, grouped by store."""
-
-    blobs: list[BlobMeta]
-    stores: dict[tuple[str, int], list[BlobMeta]] = field(default_factory=dict)
-    epochs: list[int] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, blobs: BlobStore) -> RootListing:
-        """List ``blobs`` once and group the keys.
-
-        Raises:
-            StorageError: the listing failed.
-        """
-        listing = cls(blobs.list(""))
-        for meta in listing.blobs:
-            store = layout.parse_store_key(meta.key)
-            if store is not None:
-                listing.stores.setdefault(store, []).append(meta)
-            elif (epoch := layout.parse_epoch_key(meta.key)) is not None:
-                listing.epochs.append(epoch)
-        listing.epochs.sort()
-        return listing
-
-    def partitions(self, operator: str) -> list[int]:
-        """Partitions of ``operator`` that hold at least one blob."""
-        return sorted(p for op, p in self.stores if op == operator)
-
-    def metas(self, operator: str, partition: int) -> list[BlobMeta]:
-        """The blobs of one store (empty if it holds none)."""
-        return self.stores.get((operator, partition), [])
-
-    def history(self, operator: str, partition: int) -> StoreHistory:
-        """The committed versions of one store, as :meth:`StoreHistory.load` would list them."""
-        keys = [m.key for m in self.metas(operator, partition)]
-        changelogs = {v for k in keys if (v := layout.parse_changelog_key(k)) is not None}
-        snapshots = {v for k in keys if (v := layout.parse_snapshot_key(k)) is not None}
-        return StoreHistory(operator, partition, frozenset(changelogs), frozenset(snapshots))
 
 
 @dataclass
@@ -269,7 +228,7 @@ def open_root(
         inner.close()
         raise
     ctx.with_resource(backend)
-    meta = RootRegistry(metered.store).read()
+    meta = backend.root_metadata()
     if meta is None:
         raise UsageFailure(
             f"{inner.uri} is not a statekeeper checkpoint root: it holds no {layout.ROOT_METADATA}"

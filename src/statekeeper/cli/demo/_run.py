@@ -12,15 +12,15 @@ from pyspark.sql import SparkSession
 from rich.console import Console
 
 from statekeeper import layout
+from statekeeper.cli.demo._clicks import Click, batch_clicks, write_batch
+from statekeeper.cli.demo._crash import CrashReport, crash_phase, describe
+from statekeeper.cli.demo._options import OPERATOR, DemoOptions
+from statekeeper.cli.demo._pipeline import build_session, run_phase
+from statekeeper.cli.demo._reference import Outcome, compare, expected_sessions, shown, state_of
+from statekeeper.cli.demo._rows import BatchRow, RestoreRow
+from statekeeper.cli.demo._show import BatchBoard, human_bytes, restore_table
+from statekeeper.cli.demo._workdir import prepare
 from statekeeper.config import StoreConfig
-from statekeeper.demo._clicks import Click, batch_clicks, write_batch
-from statekeeper.demo._crash import CrashReport, crash_phase, describe
-from statekeeper.demo._options import OPERATOR, DemoOptions
-from statekeeper.demo._pipeline import build_session, run_phase
-from statekeeper.demo._reference import Outcome, compare, expected_sessions, shown, state_of
-from statekeeper.demo._rows import BatchRow, RestoreRow
-from statekeeper.demo._show import BatchBoard, human_bytes, restore_table
-from statekeeper.demo._workdir import prepare
 from statekeeper.spark import latest_epoch, read_state
 from statekeeper.store import StateBackend
 
@@ -62,7 +62,7 @@ class _Run:
 
 
 def run(options: DemoOptions, console: Console | None = None) -> int:
-    """Run the demo (see :mod:`statekeeper.demo`); returns the exit code.
+    """Run the demo (see :mod:`statekeeper.cli.demo`); returns the exit code.
 
     Raises:
         DemoError: the demo folder or root is not the demo's, or a phase failed.

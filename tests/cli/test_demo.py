@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from statekeeper import StateBackend, StoreConfig
-from statekeeper.demo import DemoError, DemoOptions
-from statekeeper.demo._clicks import Click, batch_clicks, write_batch
-from statekeeper.demo._reference import compare, expected_sessions
-from statekeeper.demo._workdir import MARKER_FILE, prepare
+from statekeeper.cli.demo import DemoError, DemoOptions
+from statekeeper.cli.demo._clicks import Click, batch_clicks, write_batch
+from statekeeper.cli.demo._reference import compare, expected_sessions
+from statekeeper.cli.demo._workdir import MARKER_FILE, prepare
 
 PARTITIONS = 3
 BATCHES = 4

@@ -31,7 +31,7 @@ from statekeeper.snapshot._rules import name_problem, offsets_problem
 from statekeeper.snapshot._transfer import check_transfer_args
 
 if TYPE_CHECKING:
-    from statekeeper.storage._protocol import BlobStore
+    from statekeeper.storage import BlobStore
 
 __all__ = ["RestoreMetrics", "restore_snapshot"]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
@@ -279,21 +279,3 @@ def _decode_float(data: bytes, pos: int) -> tuple[float, int]:
     bits = _U64.unpack(raw)[0]
     bits = bits ^ (1 << 63) if bits >> 63 else bits ^ 0xFFFFFFFFFFFFFFFF
     return float(_DOUBLE_STRUCT.unpack(_U64.pack(bits))[0]), pos + 8
-
-
-def ensure_sequence(keys: str | Sequence[str]) -> list[str]:
-    """Normalize a key column argument to a list of names.
-
-    Raises:
-        TypeError: not a str or a sequence of str.
-        ValueError: empty, or a name repeats.
-    """
-    names = [keys] if isinstance(keys, str) else list(keys)
-    if not names:
-        raise ValueError("keys must name at least one column")
-    for name in names:
-        if not isinstance(name, str):
-            raise TypeError(f"key column names must be str, got {type(name).__name__}")
-    if len(set(names)) != len(names):
-        raise ValueError(f"key columns repeat: {names}")
-    return names

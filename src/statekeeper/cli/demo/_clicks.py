@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from statekeeper.demo._options import FileFormat
+from statekeeper.cli.demo._options import FileFormat
 
 __all__ = ["INPUT_SCHEMA", "SPAN_S", "T0", "Click", "batch_clicks", "write_batch"]
 

@@ -1,7 +1,7 @@
-"""The crash phase's driver: ``python -m statekeeper.demo._child OPTIONS_JSON``.
+"""The crash phase's driver: ``python -m statekeeper.cli.demo._child OPTIONS_JSON``.
 
 It runs the query over the input files present and reports every micro-batch to the parent
-as a protocol line on stdout (see :mod:`statekeeper.demo._rows`). It never stops on its
+as a protocol line on stdout (see :mod:`statekeeper.cli.demo._rows`). It never stops on its
 own accord: when the input is processed it waits, because the parent is going to kill it
 (``SIGKILL`` to its process group: this process, its JVM and Spark's Python workers).
 """
@@ -13,8 +13,8 @@ import sys
 import time
 import traceback
 
-from statekeeper.demo._options import DemoOptions
-from statekeeper.demo._rows import BatchRow, encode_message, encode_row
+from statekeeper.cli.demo._options import DemoOptions
+from statekeeper.cli.demo._rows import BatchRow, encode_message, encode_row
 
 __all__ = ["main"]
 
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
     """Run the crash phase with the options in ``argv[0]``; returns only on failure."""
     try:
         options = DemoOptions.from_json(argv[0])
-        from statekeeper.demo._pipeline import build_session, run_phase
+        from statekeeper.cli.demo._pipeline import build_session, run_phase
 
         paths = options.paths()
         _say(encode_message("started", pid=os.getpid()))

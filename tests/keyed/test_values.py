@@ -13,7 +13,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from statekeeper import CorruptStateError
-from statekeeper.spark import DefaultCodec, PickleCodec
+from statekeeper.keyed import DefaultCodec, PickleCodec
 
 scalars = st.one_of(
     st.none(),

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from statekeeper.demo._clicks import Click
+from statekeeper.cli.demo._clicks import Click
 
 __all__ = [
     "Expected",

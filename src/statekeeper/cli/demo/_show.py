@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from statekeeper.demo._rows import BatchRow, RestoreRow
+from statekeeper.cli.demo._rows import BatchRow, RestoreRow
 
 __all__ = ["BatchBoard", "human_bytes", "restore_table"]
 

@@ -1,0 +1,56 @@
+"""Keyed state without Spark: processors, state handles, codecs, key tuples, decoded state.
+
+What a per-key stateful processor is made of, independent of the engine that runs it::
+
+    from statekeeper.keyed import StatefulProcessor
+
+    class RunningCount(StatefulProcessor):
+        def init(self, handle):
+            self.count = handle.value_state("count")
+
+        def handle_input_rows(self, key, rows):
+            ...
+
+The handles read and write a :class:`~statekeeper.StateStore` directly; the layout of
+processor state inside a store (operator record, value/map/list entries, TTL index) and the
+value codecs are defined here, so tools read a processor's state without pyspark:
+:func:`iter_state` yields it decoded. :mod:`statekeeper.spark` runs processors on
+streaming DataFrames and re-exports the processor-facing names.
+"""
+
+from __future__ import annotations
+
+from statekeeper.keyed._entries import (
+    StateDecoder,
+    StateEntry,
+    Undecoded,
+    iter_state,
+    jsonable,
+    read_operator_record,
+)
+from statekeeper.keyed._handles import ListState, MapState, StatefulProcessorHandle, ValueState
+from statekeeper.keyed._layout import OperatorRecord, StateDecl
+from statekeeper.keyed._processor import StatefulProcessor
+from statekeeper.keyed._tuples import decode_key, encode_key
+from statekeeper.keyed._values import Codec, DefaultCodec, PickleCodec
+
+__all__ = [
+    "Codec",
+    "DefaultCodec",
+    "ListState",
+    "MapState",
+    "OperatorRecord",
+    "PickleCodec",
+    "StateDecl",
+    "StateDecoder",
+    "StateEntry",
+    "StatefulProcessor",
+    "StatefulProcessorHandle",
+    "Undecoded",
+    "ValueState",
+    "decode_key",
+    "encode_key",
+    "iter_state",
+    "jsonable",
+    "read_operator_record",
+]

@@ -1,0 +1,55 @@
+"""Commit-metrics blobs: their own flush cadence, and per-commit accounting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import statekeeper as sk
+from statekeeper import layout
+from statekeeper.history import RootListing
+from statekeeper.metrics import commit_history, read_commit_metrics
+
+
+def _metrics_blobs(backend: sk.StateBackend) -> list[int]:
+    return sorted(
+        v
+        for m in backend.blobs.list(layout.metrics_prefix("ops", 0))
+        if (v := layout.parse_metrics_key(m.key)) is not None
+    )
+
+
+def test_metrics_are_flushed_every_metrics_every_commits_not_every_snapshot_every(
+    tmp_path: Path,
+) -> None:
+    config = sk.StoreConfig(local_dir=str(tmp_path / "local"), snapshot_every=1000, metrics_every=3)
+    with sk.StateBackend(str(tmp_path / "root"), config=config) as backend:
+        with backend.open("ops", 0) as store:
+            for v in range(1, 8):
+                store.put(b"k", str(v).encode())
+                store.commit()
+            # 7 commits, no snapshot: two full buffers of 3 written, one commit buffered.
+            assert _metrics_blobs(backend) == [3, 6]
+        assert _metrics_blobs(backend) == [3, 6, 7]  # closing writes the rest
+        recorded = read_commit_metrics(backend.blobs, "ops", 0)
+    assert sorted(recorded) == list(range(1, 8))
+    assert all(m.records == 1 and m.duration_ms > 0 for m in recorded.values())
+
+
+def test_commit_history_counts_bytes_and_records_from_the_blobs(tmp_path: Path) -> None:
+    config = sk.StoreConfig(local_dir=str(tmp_path / "local"), snapshot_every=1000)
+    infos = []
+    with sk.StateBackend(str(tmp_path / "root"), config=config) as backend:
+        with backend.open("ops", 0) as store:
+            for v in range(1, 5):
+                for i in range(v):
+                    store.put(f"k{i}".encode(), b"x" * 10)
+                infos.append(store.commit())
+        listing = RootListing.of(backend.blobs)
+        commits = commit_history(backend.blobs, listing, "ops", 0)
+        last_two = commit_history(backend.blobs, listing, "ops", 0, last=2)
+    assert [(c.version, c.kind, c.records) for c in commits] == [
+        (v, "changelog", v) for v in range(1, 5)
+    ]
+    assert [c.bytes for c in commits] == [i.bytes_uploaded for i in infos]
+    assert all(c.latency_ms is not None and c.latency_ms > 0 for c in commits)
+    assert [c.version for c in last_two] == [3, 4]
