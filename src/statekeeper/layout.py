@@ -37,6 +37,7 @@ ROOT_METADATA = "_statekeeper.json"
 
 _OPERATOR_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _BLOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}")
+_ATTEMPT_RE = re.compile(r"[A-Za-z0-9_]{1,64}")
 _CHANGELOG_SUFFIX = ".changelog"
 _INDEX_SUFFIX = ".index.json"
 _EPOCHS = "_epochs/"
@@ -142,6 +143,58 @@ def file_blob_key(operator: str, partition: int, blob_id: str) -> str:
     if not _BLOB_ID_RE.fullmatch(blob_id):
         raise ValueError(f"blob id must be a plain name, got {blob_id!r}")
     return files_prefix(operator, partition) + blob_id
+
+
+def manifest_prefix(operator: str, partition: int) -> str:
+    """Prefix of a store's manifests (format 2: the one authority of its versions)."""
+    return store_prefix(operator, partition) + "manifest/"
+
+
+def manifest_key(operator: str, partition: int, seq: int) -> str:
+    """Key of manifest number ``seq`` of a store (written create-only, never replaced)."""
+    return f"{manifest_prefix(operator, partition)}{validate_version(seq):0{_DIGITS}d}.json"
+
+
+def parse_manifest_key(key: str) -> int | None:
+    """Sequence number of a manifest key, or ``None`` if ``key`` is not one."""
+    return _parse_versioned(key, "/manifest/", ".json")
+
+
+def attempt_changelog_key(operator: str, partition: int, version: int, attempt: str) -> str:
+    """Key of the changelog that attempt ``attempt`` wrote for ``version`` (format 2: one
+    name per attempt, so no attempt ever overwrites or adopts another's blob).
+
+    Raises:
+        ValueError: ``attempt`` is not a plain name.
+    """
+    return f"{changelog_prefix(operator, partition)}{validate_version(version):0{_DIGITS}d}-" + (
+        f"{validate_attempt(attempt)}{_CHANGELOG_SUFFIX}"
+    )
+
+
+def attempt_snapshot_key(operator: str, partition: int, version: int, attempt: str) -> str:
+    """Key of the snapshot index that attempt ``attempt`` wrote for ``version`` (format 2).
+
+    Raises:
+        ValueError: ``attempt`` is not a plain name.
+    """
+    return f"{snapshot_prefix(operator, partition)}{validate_version(version):0{_DIGITS}d}-" + (
+        f"{validate_attempt(attempt)}{_INDEX_SUFFIX}"
+    )
+
+
+def validate_attempt(attempt: object) -> str:
+    """Return ``attempt`` if it is a valid attempt id (1-64 letters, digits, ``_``).
+
+    Raises:
+        TypeError: not a str.
+        ValueError: malformed.
+    """
+    if not isinstance(attempt, str):
+        raise TypeError(f"attempt id must be a str, got {type(attempt).__name__}")
+    if not _ATTEMPT_RE.fullmatch(attempt):
+        raise ValueError(f"attempt id must be 1-64 letters, digits or '_', got {attempt!r}")
+    return attempt
 
 
 def metrics_prefix(operator: str, partition: int) -> str:

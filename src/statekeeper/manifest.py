@@ -1,0 +1,456 @@
+"""Store manifests (format 2): the one authority on which attempt is each version of a store.
+
+Format 1 had two commit points (a changelog blob *or* a snapshot index named by version
+alone) and no notion of attempts: a re-run batch that wrote other state could never commit
+again, two writers in different modes could both commit one version, and GC decided from a
+listing that interleaves with commits. Format 2 gives every store a chain of **manifests**,
+``<operator>/<partition>/manifest/<seq:020d>.json``, each written create-only and never
+replaced (SlateDB's manifest fencing, with the store's blob store as the only coordinator):
+
+* Every blob a commit writes has a name unique to its **attempt** (a random id), so no blob
+  name is ever reused; a blob is committed only when the newest manifest names it.
+* A commit writes its changelog (or snapshot index), then manifest ``seq + 1`` naming it.
+  Two writers racing for ``seq + 1`` cannot both succeed (create-only): the loser reads the
+  newest manifest again and decides anew with :func:`decide`.
+* **Attempt order.** Each attempt carries an order, ``(generation, stage attempt, task
+  attempt)``: the generation is bumped when a query (re)starts, the rest are Spark's attempt
+  numbers; the plain store API uses ``(0, 0, 0)``. A manifest records the highest order that
+  ever wrote it (``fence``): an older attempt (a zombie) is refused before it writes
+  anything, so it can never displace a newer one.
+* **Re-runs.** A newer attempt that loads version ``v - 1`` and commits ``v`` *replaces*
+  the entry of ``v`` as long as ``v`` is the newest version (nothing was built on it); a
+  version with a successor is final. Attempts of equal order do not replace each other
+  (two plain writers of one version: the second gets ``CommitConflictError``), unless they
+  are the same attempt (an idempotent retry of the manifest write).
+* **Lineage.** Each entry records its parent ``(version, attempt)``; a manifest holds one
+  linear chain from its base to its newest version, so every reader on every host that
+  reads the same manifest agrees on the content of every version. Branches that lost
+  (replaced entries, attempts fenced after writing their blob) are named by no manifest
+  and become orphans for GC after its grace period.
+
+A manifest carries the root id, operator and partition it belongs to and a CRC32C of its
+canonical JSON; a reader refuses one that does not match (naming both), and falls back to
+the previous manifest when the newest is damaged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import google_crc32c
+
+from statekeeper import layout
+from statekeeper.errors import (
+    CommitConflictError,
+    ConfigMismatchError,
+    CorruptStateError,
+    StateNotFoundError,
+)
+from statekeeper.storage import BlobStore
+
+__all__ = [
+    "FORMAT_VERSION",
+    "PLAIN_ORDER",
+    "Decision",
+    "Order",
+    "SnapshotEntry",
+    "StoreManifest",
+    "VersionEntry",
+    "apply",
+    "chain",
+    "decide",
+    "decode_manifest",
+    "encode_manifest",
+    "read_newest_manifest",
+    "write_manifest",
+]
+
+FORMAT_VERSION = 2
+_FORMAT_NAME = "statekeeper.store-manifest"
+_log = logging.getLogger("statekeeper.manifest")
+
+Order = tuple[int, int, int]
+"""(generation, stage attempt, task attempt): higher is newer."""
+
+PLAIN_ORDER: Order = (0, 0, 0)
+"""The order of writers of the plain store API (no attempt numbers)."""
+
+Kind = Literal["changelog", "snapshot"]
+
+
+@dataclass(frozen=True, slots=True)
+class VersionEntry:
+    """Which attempt's content is one version, and what it was built on.
+
+    Attributes:
+        version: the version (>= 1).
+        attempt: the attempt id that wrote it.
+        order: that attempt's order.
+        kind: ``"changelog"`` (``blob`` holds its puts and deletes) or ``"snapshot"``
+            (``blob`` is a snapshot index of the whole store at ``version``).
+        blob: the key of that blob.
+        parent_attempt: the attempt of ``version - 1`` it was built on (``""`` for the
+            empty store at version 0).
+        committed_time_ms: when the manifest naming it was written.
+    """
+
+    version: int
+    attempt: str
+    order: Order
+    kind: Kind
+    blob: str
+    parent_attempt: str
+    committed_time_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotEntry:
+    """A snapshot index of the store at ``version`` whose content is that version's entry."""
+
+    version: int
+    attempt: str
+    index_blob: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoreManifest:
+    """One manifest of a store: its retained chain of versions and restorable snapshots.
+
+    Attributes:
+        seq: this manifest's sequence number (its blob name).
+        root_id: the root it belongs to.
+        operator: the operator it belongs to.
+        partition: the partition it belongs to.
+        fence: the highest attempt order that wrote this store; older ones are refused.
+        base: the oldest version a restore may start from: 0 (the empty store) or the
+            version of a snapshot in ``snapshots``; versions at or below it are not retained.
+        versions: entries ``base + 1 .. latest``, ascending and contiguous.
+        snapshots: restorable snapshots, ascending by version.
+    """
+
+    seq: int
+    root_id: str
+    operator: str
+    partition: int
+    fence: Order = PLAIN_ORDER
+    base: int = 0
+    versions: tuple[VersionEntry, ...] = ()
+    snapshots: tuple[SnapshotEntry, ...] = field(default=())
+
+    @property
+    def latest(self) -> int:
+        """The newest committed version (``base`` when no version after it is retained)."""
+        return self.versions[-1].version if self.versions else self.base
+
+    def entry(self, version: int) -> VersionEntry | None:
+        """The entry of ``version`` if it is retained after the base."""
+        i = version - self.base - 1
+        return self.versions[i] if 0 <= i < len(self.versions) else None
+
+    def attempt_of(self, version: int) -> str:
+        """The attempt whose content is ``version`` (``""`` for the empty store, and for a
+        snapshot base whose entry is no longer retained: its snapshot entry names it).
+
+        Raises:
+            StateNotFoundError: ``version`` is not restorable from this manifest.
+        """
+        entry = self.entry(version)
+        if entry is not None:
+            return entry.attempt
+        if version == self.base:
+            snap = next((s for s in self.snapshots if s.version == version), None)
+            return "" if snap is None else snap.attempt
+        raise StateNotFoundError(
+            f"version {version} of store {self.operator}/{self.partition} is not restorable: "
+            f"manifest {self.seq} retains versions {self.base}..{self.latest}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What :func:`decide` concluded for an attempt that loaded ``parent`` and commits.
+
+    ``action`` is ``"append"`` (a new version), ``"replace"`` (the newest version, written
+    by an older attempt, is replaced) or ``"done"`` (this attempt's commit is already the
+    authority: a retried manifest write).
+    """
+
+    action: Literal["append", "replace", "done"]
+    version: int
+
+
+def decide(manifest: StoreManifest, *, parent: int, attempt: str, order: Order) -> Decision:
+    """Decide whether an attempt that loaded version ``parent`` may commit ``parent + 1``.
+
+    Raises:
+        CommitConflictError: the attempt is older than the store's fence (a zombie), or
+            version ``parent + 1`` is final (a later version was built on it), or it was
+            committed by another attempt of the same or a newer order.
+        StateNotFoundError: ``parent`` is newer than the newest committed version.
+    """
+    where = f"store {manifest.operator}/{manifest.partition}"
+    if order < manifest.fence:
+        raise CommitConflictError(
+            f"{where}: attempt {attempt} has order {order}, older than {manifest.fence} "
+            f"which already wrote this store (manifest {manifest.seq}): it is a zombie "
+            "attempt and may not commit"
+        )
+    version = parent + 1
+    if parent == manifest.latest:
+        return Decision("append", version)
+    if parent > manifest.latest:
+        raise StateNotFoundError(
+            f"{where}: cannot commit version {version} on version {parent}: the newest "
+            f"committed version is {manifest.latest} (manifest {manifest.seq})"
+        )
+    current = manifest.entry(version)
+    if parent < manifest.latest - 1 or current is None:
+        raise CommitConflictError(
+            f"{where}: version {version} is final: version {manifest.latest} was built on "
+            f"it (manifest {manifest.seq}); a re-run may only replace the newest version"
+        )
+    if current.attempt == attempt:
+        return Decision("done", version)
+    if order > current.order:
+        return Decision("replace", version)
+    raise CommitConflictError(
+        f"{where}: version {version} was committed by attempt {current.attempt} of order "
+        f"{current.order}; attempt {attempt} of order {order} is not newer and may not "
+        "replace it"
+    )
+
+
+def apply(
+    manifest: StoreManifest,
+    decision: Decision,
+    *,
+    attempt: str,
+    order: Order,
+    kind: Kind,
+    blob: str,
+    now_ms: int | None = None,
+) -> StoreManifest:
+    """The next manifest: ``decision`` applied, the fence raised to ``order``.
+
+    Raises:
+        ValueError: ``decision`` is ``"done"`` (nothing to write).
+    """
+    if decision.action == "done":
+        raise ValueError("the commit is already the authority: nothing to apply")
+    version = decision.version
+    kept = tuple(e for e in manifest.versions if e.version < version)
+    # A replaced version's snapshots describe the content that lost: drop them.
+    snapshots = tuple(s for s in manifest.snapshots if s.version < version)
+    entry = VersionEntry(
+        version=version,
+        attempt=layout.validate_attempt(attempt),
+        order=order,
+        kind=kind,
+        blob=blob,
+        parent_attempt=manifest.attempt_of(version - 1),
+        committed_time_ms=int(time.time() * 1000) if now_ms is None else now_ms,
+    )
+    if kind == "snapshot":
+        snapshots += (SnapshotEntry(version, attempt, blob),)
+    return replace(
+        manifest,
+        seq=manifest.seq + 1,
+        fence=max(manifest.fence, order),
+        versions=(*kept, entry),
+        snapshots=snapshots,
+    )
+
+
+# -- encoding ------------------------------------------------------------------------------
+
+
+def _body(m: StoreManifest) -> dict[str, Any]:
+    return {
+        "format": _FORMAT_NAME,
+        "formatVersion": FORMAT_VERSION,
+        "seq": m.seq,
+        "rootId": m.root_id,
+        "operator": m.operator,
+        "partition": m.partition,
+        "fence": list(m.fence),
+        "base": m.base,
+        "versions": [
+            {
+                "version": e.version,
+                "attempt": e.attempt,
+                "order": list(e.order),
+                "kind": e.kind,
+                "blob": e.blob,
+                "parentAttempt": e.parent_attempt,
+                "committedTimeMs": e.committed_time_ms,
+            }
+            for e in m.versions
+        ],
+        "snapshots": [
+            {"version": s.version, "attempt": s.attempt, "indexBlob": s.index_blob}
+            for s in m.snapshots
+        ],
+    }
+
+
+def _canonical(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def encode_manifest(manifest: StoreManifest) -> bytes:
+    """The manifest blob: canonical JSON with a CRC32C of itself (without the field)."""
+    doc = _body(manifest)
+    doc["crc32c"] = google_crc32c.value(_canonical(doc))
+    return _canonical(doc)
+
+
+def decode_manifest(
+    data: bytes, *, blob: str, root_id: str, operator: str, partition: int
+) -> StoreManifest:
+    """Parse and check a manifest blob of store (``operator``, ``partition``) in root
+    ``root_id``.
+
+    Raises:
+        CorruptStateError: not a manifest, a checksum mismatch, a broken chain, or a
+            manifest of another root, store or sequence number (the message names ``blob``
+            and both identities).
+        ConfigMismatchError: written by a newer format version.
+    """
+    try:
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or doc.get("format") != _FORMAT_NAME:
+            raise ValueError(f"expected format {_FORMAT_NAME!r}")
+        version = doc["formatVersion"]
+        if isinstance(version, int) and version > FORMAT_VERSION:
+            raise ConfigMismatchError(
+                f"manifest {blob} has format version {version}; this statekeeper reads "
+                f"<= {FORMAT_VERSION}: upgrade statekeeper"
+            )
+        crc = doc.pop("crc32c")
+        if crc != google_crc32c.value(_canonical(doc)):
+            raise ValueError(f"checksum mismatch: stored {crc}")
+        manifest = _from_doc(doc)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise CorruptStateError(f"manifest {blob} is not valid: {exc}") from exc
+    found = (manifest.root_id, manifest.operator, manifest.partition)
+    wanted = (root_id, operator, partition)
+    seq = layout.parse_manifest_key(blob)
+    if found != wanted or (seq is not None and seq != manifest.seq):
+        raise CorruptStateError(
+            f"manifest {blob} belongs to root {found[0]}, store {found[1]}/{found[2]}, "
+            f"seq {manifest.seq}; expected root {root_id}, store {operator}/{partition}, "
+            f"seq {seq}: it was copied from elsewhere"
+        )
+    return manifest
+
+
+def _order(value: Any) -> Order:
+    a, b, c = (int(x) for x in value)
+    return (a, b, c)
+
+
+def _from_doc(doc: dict[str, Any]) -> StoreManifest:
+    versions = tuple(
+        VersionEntry(
+            version=int(e["version"]),
+            attempt=str(e["attempt"]),
+            order=_order(e["order"]),
+            kind=e["kind"],
+            blob=str(e["blob"]),
+            parent_attempt=str(e["parentAttempt"]),
+            committed_time_ms=int(e["committedTimeMs"]),
+        )
+        for e in doc["versions"]
+    )
+    base = int(doc["base"])
+    for i, e in enumerate(versions):
+        if e.version != base + 1 + i or e.kind not in ("changelog", "snapshot"):
+            raise ValueError(f"version entries are not contiguous after base {base}")
+        if i and e.parent_attempt != versions[i - 1].attempt:
+            raise ValueError(f"version {e.version} names parent {e.parent_attempt!r}, not the "
+                             f"attempt of version {e.version - 1}")  # fmt: skip
+    snapshots = tuple(
+        SnapshotEntry(int(s["version"]), str(s["attempt"]), str(s["indexBlob"]))
+        for s in doc["snapshots"]
+    )
+    return StoreManifest(
+        seq=int(doc["seq"]),
+        root_id=str(doc["rootId"]),
+        operator=str(doc["operator"]),
+        partition=int(doc["partition"]),
+        fence=_order(doc["fence"]),
+        base=base,
+        versions=versions,
+        snapshots=snapshots,
+    )
+
+
+# -- blob store ----------------------------------------------------------------------------
+
+
+def read_newest_manifest(
+    blobs: BlobStore, *, root_id: str, operator: str, partition: int
+) -> StoreManifest | None:
+    """The newest readable manifest of a store; ``None`` if the store has none (a new store,
+    or one written by format 1).
+
+    A newest manifest that fails its checks is skipped with a WARNING naming it, and the one
+    before it is used: it describes a consistent, older state of the store (the damaged one
+    can only have added or replaced the newest version).
+
+    Raises:
+        CorruptStateError: every manifest of the store fails its checks.
+        StorageError: listing or reading failed.
+    """
+    seqs = sorted(
+        (seq, m.key)
+        for m in blobs.list(layout.manifest_prefix(operator, partition))
+        if (seq := layout.parse_manifest_key(m.key)) is not None
+    )
+    errors: list[str] = []
+    for _, key in reversed(seqs):
+        try:
+            data = blobs.get(key)
+            manifest = decode_manifest(
+                data, blob=key, root_id=root_id, operator=operator, partition=partition
+            )
+        except (CorruptStateError, StateNotFoundError) as exc:
+            _log.warning("skipping manifest %s: %s", key, exc)
+            errors.append(str(exc))
+            continue
+        return manifest
+    if errors:
+        raise CorruptStateError(
+            f"no manifest of store {operator}/{partition} is readable: {'; '.join(errors)}"
+        )
+    return None
+
+
+def write_manifest(blobs: BlobStore, manifest: StoreManifest) -> str:
+    """Write ``manifest`` create-only under its sequence number; returns its key.
+
+    Raises:
+        CommitConflictError: another writer wrote that sequence number first: read the
+            newest manifest again and decide anew.
+        StorageError: the write failed.
+    """
+    key = layout.manifest_key(manifest.operator, manifest.partition, manifest.seq)
+    blobs.put(key, encode_manifest(manifest))
+    return key
+
+
+def chain(manifest: StoreManifest, version: int) -> Sequence[VersionEntry]:
+    """The entries to replay after the newest snapshot at or below ``version``.
+
+    Raises:
+        StateNotFoundError: ``version`` is not restorable from this manifest.
+    """
+    manifest.attempt_of(version)  # raises when not restorable
+    bases = [s.version for s in manifest.snapshots if s.version <= version]
+    start = max([manifest.base, *bases])
+    return [e for e in manifest.versions if start < e.version <= version]
