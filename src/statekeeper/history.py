@@ -13,7 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from statekeeper import layout
-from statekeeper.errors import StateNotFoundError
+from statekeeper.errors import StateKeeperError, StateNotFoundError
+from statekeeper.snapshot import iter_files, load_index
 from statekeeper.storage import BlobMeta, BlobStore
 
 __all__ = ["RestorePlan", "RootListing", "StoreHistory", "ranges"]
@@ -56,6 +57,29 @@ class RootListing:
     def sizes(self, operator: str, partition: int) -> dict[str, int]:
         """Blob key -> size, for the blobs of one store."""
         return {m.key: m.size for m in self.metas(operator, partition)}
+
+    def restore_bytes(
+        self, blobs: BlobStore, operator: str, partition: int, version: int
+    ) -> int | None:
+        """What restoring ``version`` onto an empty disk downloads: the snapshot it starts
+        from (its index and files) and the changelogs after it; ``None`` if the snapshot's
+        index cannot be read (the restore itself reports that, or falls back). For
+        progress bars: an estimate never fails a command.
+
+        Raises:
+            StateNotFoundError: ``version`` is not restorable.
+        """
+        plan = self.history(operator, partition).plan(version, None)
+        sizes = self.sizes(operator, partition)
+        total = sum(sizes.get(layout.changelog_key(operator, partition, v), 0) for v in plan.replay)
+        if plan.base_kind == "snapshot":
+            try:
+                index = load_index(blobs, operator, partition, plan.base)
+            except StateKeeperError:
+                return None
+            total += sizes.get(layout.snapshot_index_key(operator, partition, plan.base), 0)
+            total += sum(f.size_in_bytes for _, f in iter_files(index.dir_index))
+        return total
 
     def history(self, operator: str, partition: int) -> StoreHistory:
         """The committed versions of one store, as :meth:`StoreHistory.load` would list them."""

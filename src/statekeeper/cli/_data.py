@@ -18,14 +18,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from statekeeper import layout
 from statekeeper.cli._app import Env, UsageFailure, cli, env_of, output_options
 from statekeeper.cli._open import Root, open_root, root_arguments
 from statekeeper.cli._progress import Bars
 from statekeeper.cli._render import human_bytes, show_bytes
-from statekeeper.errors import StateKeeperError
 from statekeeper.keyed import StateDecoder, jsonable, read_operator_record
-from statekeeper.snapshot import iter_files, load_index
 from statekeeper.store import ExportInfo
 
 __all__ = ["inspect", "restore"]
@@ -62,28 +59,13 @@ def _download_bar(
     """Bars with one "downloading" bar fed by every byte the store reads."""
     with Bars(env, "bytes") as bars:
         if bars.enabled:
-            total = _restore_bytes(root, operator, partition, version)
+            total = root.listing.restore_bytes(root.blobs, operator, partition, version)
             bar = bars.add(f"downloading {operator}/{partition}@{version}", total)
             root.metered.on_read = bar.advance
         try:
             yield bars
         finally:
             root.metered.on_read = None
-
-
-def _restore_bytes(root: Root, operator: str, partition: int, version: int) -> int | None:
-    """What restoring ``version`` downloads: the snapshot it starts from and the changelogs."""
-    plan = root.listing.history(operator, partition).plan(version, None)
-    sizes = {m.key: m.size for m in root.listing.metas(operator, partition)}
-    total = sum(sizes.get(layout.changelog_key(operator, partition, v), 0) for v in plan.replay)
-    if plan.base_kind == "snapshot":
-        try:
-            index = load_index(root.blobs, operator, partition, plan.base)
-        except StateKeeperError:
-            return None  # the restore itself will report it, or fall back
-        total += sizes.get(layout.snapshot_index_key(operator, partition, plan.base), 0)
-        total += sum(f.size_in_bytes for _, f in iter_files(index.dir_index))
-    return total
 
 
 def _open_store(
