@@ -3,8 +3,12 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# Azurite (the Azure Storage emulator) for the storage tests: an exact version, installed by npm
+# from its lock file into a gitignored node_modules next to it.
+AZURITE_DIR := tests/storage/azurite
+AZURITE := $(AZURITE_DIR)/node_modules/.bin/azurite-blob
 
-.PHONY: test lint typecheck pytest check-java bench clean demo
+.PHONY: test lint typecheck pytest check-java check-node azurite bench clean demo
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +22,18 @@ check-java:
 	  echo "Install it (Debian/Ubuntu: apt-get install openjdk-17-jre-headless) and retry."; \
 	  exit 1; }
 
+check-node:
+	@npm --version >/dev/null 2>&1 || { \
+	  echo "node and npm are required to install Azurite, the Azure emulator of the storage tests,"; \
+	  echo "and 'npm' was not found. Install them (Debian/Ubuntu: apt-get install nodejs npm) and retry."; \
+	  exit 1; }
+
+$(AZURITE): $(AZURITE_DIR)/package.json $(AZURITE_DIR)/package-lock.json | check-node
+	npm ci --prefix $(AZURITE_DIR) --no-audit --no-fund --loglevel=error
+	@touch $(AZURITE)
+
+azurite: $(AZURITE)
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
@@ -25,7 +41,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) check-java
+pytest: $(STAMP) $(AZURITE) check-java
 	PYSPARK_PYTHON=$(abspath $(BIN)/python) $(BIN)/python -m pytest
 
 test: lint typecheck pytest
@@ -45,3 +61,4 @@ bench: $(STAMP) check-java
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(AZURITE_DIR)/node_modules

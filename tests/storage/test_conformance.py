@@ -90,7 +90,7 @@ class BlobStoreConformance:
     def test_satisfies_the_protocol(self, store: BlobStore) -> None:
         assert isinstance(store, BlobStore)
         assert type(store).__name__ in repr(store)
-        assert store.uri.split("://", 1)[0] in ("file", "s3")
+        assert store.uri.split("://", 1)[0] in ("file", "s3", "gs", "az")
 
     # -- put / get --------------------------------------------------------------------------
 
@@ -374,3 +374,17 @@ class TestS3(BlobStoreConformance):
     @pytest.fixture
     def root(self, s3_root: tuple[str, dict[str, str]]) -> tuple[str, dict[str, str]]:
         return s3_root
+
+
+@pytest.mark.gcs
+class TestGcs(BlobStoreConformance):
+    @pytest.fixture
+    def root(self, gcs_root: tuple[str, dict[str, str]]) -> tuple[str, dict[str, str]]:
+        return gcs_root
+
+
+@pytest.mark.azure
+class TestAzure(BlobStoreConformance):
+    @pytest.fixture
+    def root(self, azure_root: tuple[str, dict[str, str]]) -> tuple[str, dict[str, str]]:
+        return azure_root

@@ -3,6 +3,12 @@
 obstore errors are translated in exactly one place (:meth:`ObjectBlobStore._translate`).
 obstore's own retries are switched off: :class:`~statekeeper.storage.RetryPolicy` retries, so
 attempts are not multiplied and every retry is logged.
+
+The three stores differ in how a conditional write is expressed; obstore hides most of it:
+create-only is ``If-None-Match: *`` on S3 and Azure and ``x-goog-if-generation-match: 0`` on
+GCS; ``if_match`` is ``If-Match: <etag>`` on S3 and Azure, while GCS conditions on the object's
+generation (see :meth:`ObjectBlobStore._generation_of`). Etags are kept in their quoted form,
+so that a listing and a ``head`` of the same version agree.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from statekeeper.storage._protocol import BlobMeta
 from statekeeper.storage._retry import RetryPolicy, call_with_retry, put_with_retry
 
 if TYPE_CHECKING:
-    from obstore import ObjectMeta, PutMode
+    from obstore import ObjectMeta, PutMode, UpdateVersion
     from obstore.store import ObjectStore, RetryConfig
 
 __all__ = ["OBJECT_SCHEMES", "ObjectBlobStore"]
@@ -146,6 +152,7 @@ class ObjectBlobStore(ParallelTransfers):
         self._retry = retry if retry is not None else RetryPolicy()
         config, client = _split_options(options)
         scheme = self._uri.partition("://")[0]
+        self._update_by_generation = scheme == "gs"
         self._store = self._build(scheme + uri[len(scheme) :], config, client)
 
     @property
@@ -174,14 +181,16 @@ class ObjectBlobStore(ParallelTransfers):
         """
         check_key(key)
         check_data(data)
-        mode: PutMode
-        if if_match is not None:
-            mode = {"e_tag": if_match}
-        else:
-            mode = "overwrite" if overwrite else "create"
 
         def write() -> None:
             with self._translated("put", key):
+                mode: PutMode
+                if if_match is None:
+                    mode = "overwrite" if overwrite else "create"
+                elif self._update_by_generation:
+                    mode = self._generation_of(key, if_match)
+                else:
+                    mode = {"e_tag": if_match}
                 obstore.put(self._store, key, data, mode=mode, use_multipart=False)
 
         put_with_retry(
@@ -322,6 +331,29 @@ class ObjectBlobStore(ParallelTransfers):
                 f"invalid storage options for {self._uri}: {self._detail(str(exc))}"
             ) from self._scrubbed(exc)
 
+    def _generation_of(self, key: str, if_match: str) -> UpdateVersion:
+        """The precondition of a GCS update that replaces only the blob whose etag is ``if_match``.
+
+        GCS conditions a write on the object's generation, not its ETag (obstore refuses an
+        update without one). The generation is read together with the ETag it is checked
+        against, so a blob replaced in between fails the write's own precondition.
+
+        Raises:
+            CommitConflictError: no blob at ``key``, or its etag is not ``if_match``.
+        """
+        try:
+            current = obstore.head(self._store, key)
+        except FileNotFoundError as exc:
+            raise CommitConflictError(
+                f"{self._describe('put', key)}: expected etag {if_match!r}, found no blob"
+            ) from self._scrubbed(exc)
+        etag = _quoted(current["e_tag"])
+        if etag != if_match or current["version"] is None:
+            raise CommitConflictError(
+                f"{self._describe('put', key)}: expected etag {if_match!r}, found {etag!r}"
+            )
+        return {"e_tag": current["e_tag"], "version": current["version"]}
+
     def _get_once(self, key: str) -> bytes:
         with self._translated("get", key):
             return bytes(obstore.get(self._store, key).bytes())
@@ -447,10 +479,18 @@ def _secret_values(uri: object, options: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(sorted(secrets, key=len, reverse=True))
 
 
+def _quoted(etag: str | None) -> str | None:
+    # Azure and GCS quote the ETag header of a HEAD but not the ETag of a listing entry; the
+    # quoted form (RFC 9110, and what If-Match carries) makes both name the same version.
+    if etag is None or etag.startswith(('"', 'W/"')):
+        return etag
+    return f'"{etag}"'
+
+
 def _meta(key: str, meta: ObjectMeta) -> BlobMeta:
     return BlobMeta(
         key=key,
         size=meta["size"],
         last_modified=meta["last_modified"].timestamp(),
-        etag=meta["e_tag"],
+        etag=_quoted(meta["e_tag"]),
     )
