@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -19,6 +20,9 @@ _COMPRESSIONS = ("zstd", "none")
 @dataclass(frozen=True, kw_only=True)
 class StoreConfig:
     """How stores of a backend commit, snapshot, retain and transfer state.
+
+    Every field is checked when the config is made; a wrong one raises ``ValueError`` (or
+    ``TypeError`` for ``local_dir``) naming the field, the form expected and the value found.
 
     Attributes:
         mode: ``"changelog"`` (default): every commit uploads a changelog of its puts and
@@ -69,7 +73,11 @@ class StoreConfig:
         _positive_int("chunk_size", self.chunk_size)
         _positive_int("io_threads", self.io_threads)
         _positive_int("write_buffer_mb", self.write_buffer_mb)
-        if not isinstance(self.compression_level, int) or not 1 <= self.compression_level <= 22:
+        if (
+            isinstance(self.compression_level, bool)
+            or not isinstance(self.compression_level, int)
+            or not 1 <= self.compression_level <= 22
+        ):
             raise ValueError(
                 f"StoreConfig.compression_level must be an int in [1, 22], "
                 f"got {self.compression_level!r}"
@@ -80,6 +88,9 @@ class StoreConfig:
             raise TypeError(
                 f"StoreConfig.local_dir must be a path or None, got {type(self.local_dir).__name__}"
             )
+        if self.local_dir is not None and not os.fspath(self.local_dir).strip():
+            # "" would silently mean the current folder.
+            raise ValueError("StoreConfig.local_dir must be a non-empty path or None, got ''")
 
     @property
     def resolved_local_dir(self) -> str:
@@ -95,5 +106,13 @@ def _positive_int(name: str, value: object) -> None:
 
 
 def _non_negative(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ValueError(f"StoreConfig.{name} must be a number >= 0, got {value!r}")
+    # nan compares false with everything, so "value < 0" alone would let it through.
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ValueError(
+            f"StoreConfig.{name} must be a finite number of seconds >= 0, got {value!r}"
+        )

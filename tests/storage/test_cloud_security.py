@@ -102,3 +102,21 @@ def test_credentials_never_leak(
     for secret in secrets:
         assert not [t for t in texts if secret in t]
         assert not [w for w in written if secret.encode() in w]
+
+
+@pytest.mark.gcs
+def test_a_secret_field_of_a_service_account_key_is_scrubbed_when_echoed() -> None:
+    """obstore echoes a value it cannot parse; here that value is also the key's private_key."""
+    key = json.dumps(
+        {
+            "private_key": SECRET,
+            "private_key_id": "id",
+            "client_email": "a@b",
+            "disable_oauth": True,
+        }
+    )
+    # skip_signature holds the same text as the private key: obstore's "failed to parse"
+    # message quotes it, and only the field (not the whole key) is in the message.
+    with pytest.raises(ValueError, match="skip_signature") as info:
+        open_blob_store("gs://bucket/p", {"service_account_key": key, "skip_signature": SECRET})
+    assert SECRET not in full_text(info.value)

@@ -137,6 +137,8 @@ def test_backoff_is_bounded_and_grows() -> None:
         {"base_delay_s": -0.1},
         {"max_delay_s": -1},
         {"base_delay_s": 2.0, "max_delay_s": 1.0},
+        {"base_delay_s": float("nan")},
+        {"max_delay_s": float("inf")},
     ],
 )
 def test_retry_policy_validates(kwargs: dict[str, object]) -> None:

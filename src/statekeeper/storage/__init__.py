@@ -13,6 +13,7 @@ from urllib.parse import unquote, urlsplit
 
 from statekeeper.storage._local import LocalBlobStore
 from statekeeper.storage._object import OBJECT_SCHEMES, ObjectBlobStore
+from statekeeper.storage._options import check_storage_options
 from statekeeper.storage._protocol import BlobMeta, BlobStore
 from statekeeper.storage._retry import RetryPolicy
 
@@ -40,8 +41,9 @@ def open_blob_store(
     Args:
         uri: a local path (relative paths are made absolute), a ``file://`` URI, or an
             object store URI such as ``s3://bucket/prefix``.
-        storage_options: object store options (see :class:`ObjectBlobStore`); must be empty
-            for a local root.
+        storage_options: object store options, a mapping of name to str (ints and bools are
+            taken as their string form; see :class:`ObjectBlobStore`); must be empty for a
+            local root.
         io_threads: parallel transfers of ``put_many``/``get_many``.
         retry: retry policy; ``RetryPolicy()`` if ``None``.
 
@@ -57,16 +59,16 @@ def open_blob_store(
     """
     if not isinstance(uri, str) or not uri.strip():
         raise ValueError(f"checkpoint root must be a non-empty str: {_SUPPORTED}; got {uri!r}")
+    options = check_storage_options(storage_options)
     scheme, sep, _ = uri.partition("://")
     scheme = scheme.lower()
     if sep and scheme in OBJECT_SCHEMES:
-        return ObjectBlobStore(uri, storage_options, io_threads=io_threads, retry=retry)
+        return ObjectBlobStore(uri, options, io_threads=io_threads, retry=retry)
     if sep and scheme != "file":
         raise ValueError(f"unsupported checkpoint root scheme {scheme + '://'!r}; use {_SUPPORTED}")
-    if storage_options:
+    if options:
         raise ValueError(
-            "storage_options are not supported for a local checkpoint root; got "
-            f"{sorted(storage_options)}"
+            f"storage_options are not supported for a local checkpoint root; got {sorted(options)}"
         )
     path = _file_uri_path(uri) if sep else uri
     return LocalBlobStore(os.path.abspath(path), io_threads=io_threads, retry=retry)

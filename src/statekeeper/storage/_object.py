@@ -14,6 +14,7 @@ so that a listing and a ``head`` of the same version agree.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
@@ -38,6 +39,13 @@ from statekeeper.errors import (
     StorageError,
     TransientStorageError,
 )
+from statekeeper.storage._options import (
+    check_storage_options,
+    is_secret_option,
+    split_client_options,
+    unknown_option_message,
+    unparsable_option_message,
+)
 from statekeeper.storage._parallel import (
     ParallelTransfers,
     check_data,
@@ -57,46 +65,6 @@ __all__ = ["OBJECT_SCHEMES", "ObjectBlobStore"]
 OBJECT_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
 """URI schemes served by :class:`ObjectBlobStore`."""
 
-# obstore's ClientConfig keys (HTTP client options); every other storage option is a store
-# config key (endpoint, region, credentials, ...). default_headers is left out: it is a
-# mapping, which a flat string option cannot carry.
-_CLIENT_OPTIONS = frozenset(
-    {
-        "allow_http",
-        "allow_invalid_certificates",
-        "connect_timeout",
-        "default_content_type",
-        "http1_only",
-        "http2_keep_alive_interval",
-        "http2_keep_alive_timeout",
-        "http2_keep_alive_while_idle",
-        "http2_only",
-        "pool_idle_timeout",
-        "pool_max_idle_per_host",
-        "proxy_ca_certificate",
-        "proxy_excludes",
-        "proxy_url",
-        "randomize_addresses",
-        "read_timeout",
-        "root_certificate",
-        "timeout",
-        "user_agent",
-    }
-)
-_BOOL_CLIENT_OPTIONS = frozenset(
-    {"allow_http", "allow_invalid_certificates", "http1_only", "http2_only", "randomize_addresses"}
-)
-# Option names whose values are secrets, scrubbed from every message we produce or chain.
-_SECRET_MARKERS = (
-    "secret",
-    "token",
-    "password",
-    "access_key",
-    "account_key",
-    "sas_",
-    "service_account_key",
-    "customer_key",
-)
 _NO_RETRIES: RetryConfig = {"max_retries": 0}
 _DEBUG_MARKER = "\n\nDebug source:"
 _MAX_DETAIL = 300
@@ -135,22 +103,26 @@ class ObjectBlobStore(ParallelTransfers):
         Args:
             uri: ``s3://bucket/prefix`` (also ``s3a``), ``gs://bucket/prefix``,
                 ``az://container/prefix``, ``abfs[s]://container@account.dfs.../prefix``.
-            storage_options: flat string options: obstore client options (``allow_http``,
-                ``timeout``, ...; booleans as ``"true"``/``"false"``) and store config keys
-                (``endpoint``, ``region``, ``access_key_id``, ``aws_...``, ...).
+            storage_options: a mapping of option name to str (an int or a bool is taken
+                in its string form): obstore HTTP client options (``allow_http``,
+                ``timeout`` as seconds or ``"30s"``, ...) and store config keys (``endpoint``,
+                ``region``, ``access_key_id``, ``service_account_key``, ``account_name``,
+                ...). Checked here, once; see ``storage/_options.py``.
             io_threads: parallel transfers of ``put_many``/``get_many``.
             retry: retry policy of every request; ``RetryPolicy()`` if ``None``.
 
         Raises:
-            ValueError: unsupported scheme, no bucket, credentials inside the URI, an unknown
-                option (named) or an invalid option value.
+            ValueError: unsupported scheme, no bucket, credentials inside the URI,
+                ``storage_options`` not a mapping, an unknown option (named, with the names
+                this store takes) or an invalid value (named, with the form expected and the
+                value found, unless it is a secret).
         """
         super().__init__(io_threads)
-        options = dict(storage_options or {})
+        options = check_storage_options(storage_options)
         self._secrets = _secret_values(uri, options)
         self._uri = _display_uri(uri)
         self._retry = retry if retry is not None else RetryPolicy()
-        config, client = _split_options(options)
+        config, client = split_client_options(options)
         scheme = self._uri.partition("://")[0]
         self._update_by_generation = scheme == "gs"
         self._store = self._build(scheme + uri[len(scheme) :], config, client)
@@ -322,14 +294,14 @@ class ObjectBlobStore(ParallelTransfers):
         except UnknownConfigurationKeyError as exc:
             found = _UNKNOWN_KEY.search(str(exc))
             name = found.group(1) if found else "?"
-            raise ValueError(
-                f"unknown storage option {name!r} for {self._uri}: neither an obstore client "
-                "option (allow_http, timeout, ...) nor a config key of this store"
-            ) from self._scrubbed(exc)
+            scheme = self._uri.partition("://")[0]
+            raise ValueError(unknown_option_message(name, scheme, self._uri)) from self._scrubbed(
+                exc
+            )
         except (BaseError, ValueError) as exc:
-            raise ValueError(
-                f"invalid storage options for {self._uri}: {self._detail(str(exc))}"
-            ) from self._scrubbed(exc)
+            named = unparsable_option_message(str(exc).split(_DEBUG_MARKER, 1)[0], config)
+            message = named or f"invalid storage options for {self._uri}: {self._detail(str(exc))}"
+            raise ValueError(self._scrub(message)) from self._scrubbed(exc)
 
     def _generation_of(self, key: str, if_match: str) -> UpdateVersion:
         """The precondition of a GCS update that replaces only the blob whose etag is ``if_match``.
@@ -434,40 +406,10 @@ def _display_uri(uri: str) -> str:
     return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}"
 
 
-def _split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    config: dict[str, Any] = {}
-    client: dict[str, Any] = {}
-    for key, value in options.items():
-        if not isinstance(key, str):
-            raise ValueError(f"storage option names must be str, got {type(key).__name__}")
-        name = key.lower()
-        if name in _BOOL_CLIENT_OPTIONS:
-            client[name] = _parse_bool(key, value)
-        elif name in _CLIENT_OPTIONS:
-            client[name] = value
-        else:
-            config[key] = value
-    return config, client
-
-
-def _parse_bool(key: str, value: object) -> bool:
-    # Spark hands every option over as a string.
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise ValueError(f"storage option {key!r} must be 'true' or 'false'")
-
-
-def _secret_values(uri: object, options: Mapping[str, Any]) -> tuple[str, ...]:
-    secrets = {
-        value
-        for key, value in options.items()
-        if isinstance(key, str)
-        and isinstance(value, str)
-        and len(value) >= 4
-        and any(marker in key.lower() for marker in _SECRET_MARKERS)
-    }
+def _secret_values(uri: object, options: Mapping[str, str]) -> tuple[str, ...]:
+    secrets = {value for key, value in options.items() if len(value) >= 4 and is_secret_option(key)}
+    for value in list(secrets):
+        secrets.update(_json_secrets(value))
     if isinstance(uri, str):
         parts = urlsplit(uri)
         if parts.password:
@@ -477,6 +419,24 @@ def _secret_values(uri: object, options: Mapping[str, Any]) -> tuple[str, ...]:
             secrets.update(value for _, value in parse_qsl(parts.query) if len(value) >= 4)
     # Longest first, so a secret containing another is replaced whole.
     return tuple(sorted(secrets, key=len, reverse=True))
+
+
+def _json_secrets(value: str) -> set[str]:
+    """Secret fields inside a JSON credential (a GCS service account key), so that a message
+    quoting one field alone is scrubbed too."""
+    if not value.lstrip().startswith("{"):
+        return set()
+    try:
+        document = json.loads(value)
+    except ValueError:
+        return set()
+    if not isinstance(document, dict):
+        return set()
+    return {
+        field
+        for name, field in document.items()
+        if isinstance(field, str) and len(field) >= 4 and is_secret_option(name)
+    }
 
 
 def _quoted(etag: str | None) -> str | None:

@@ -8,6 +8,7 @@ Backends disable their client's own retries so that attempts are not multiplied.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -36,8 +37,8 @@ class RetryPolicy:
         max_delay_s: upper bound of every delay, in seconds.
 
     Raises:
-        ValueError: ``max_attempts`` < 1, a negative delay, or ``max_delay_s`` below
-            ``base_delay_s``.
+        ValueError: ``max_attempts`` < 1, a negative or non-finite delay, or ``max_delay_s``
+            below ``base_delay_s``.
     """
 
     max_attempts: int = 6
@@ -55,8 +56,16 @@ class RetryPolicy:
             )
         for name in ("base_delay_s", "max_delay_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ValueError(f"RetryPolicy.{name} must be a number >= 0, got {value!r}")
+            # nan passes "value < 0" and then makes every sleep fail; inf sleeps forever.
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                raise ValueError(
+                    f"RetryPolicy.{name} must be a finite number of seconds >= 0, got {value!r}"
+                )
         if self.max_delay_s < self.base_delay_s:
             raise ValueError(
                 f"RetryPolicy.max_delay_s ({self.max_delay_s}) must be >= "
