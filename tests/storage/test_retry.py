@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import http.client
 import http.server
 import logging
 import os
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
+import obstore
 import pytest
+from obstore.exceptions import AlreadyExistsError
+from obstore.store import S3Store
 
 from statekeeper.errors import (
     CommitConflictError,
@@ -276,3 +281,105 @@ def test_object_store_retries_only_transient_statuses(
     assert "s3://bucket/root" in str(info.value)
     assert "\n" not in str(info.value)
     assert "SUPERSECRET123" not in str(info.value) + caplog.text
+
+
+# -- why these retries and not obstore's RetryConfig ---------------------------------------------
+
+
+class LostReplyProxy(http.server.ThreadingHTTPServer):
+    """Forwards requests to an S3 server; the first PUT is carried out, its reply replaced by a 500.
+
+    That is a write that landed while its client saw a failure (a reply lost on the way back).
+    """
+
+    daemon_threads = True
+
+    def __init__(self, upstream: str) -> None:
+        host, _, port = upstream.removeprefix("http://").partition(":")
+        self.upstream = (host, int(port))
+        self.lost = 0
+        super().__init__(("127.0.0.1", 0), _LostReplyHandler)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _LostReplyHandler(http.server.BaseHTTPRequestHandler):
+    server: LostReplyProxy
+    protocol_version = "HTTP/1.1"
+
+    def _forward(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        connection = http.client.HTTPConnection(*self.server.upstream, timeout=30)
+        try:
+            connection.request(self.command, self.path, body=body or None, headers=self.headers)
+            reply = connection.getresponse()
+            status, headers, data = reply.status, reply.getheaders(), reply.read()
+        finally:
+            connection.close()
+        if self.command == "PUT" and self.server.lost == 0:
+            self.server.lost += 1
+            status, headers = 500, [("Content-Type", "application/xml")]
+            data = b"<Error><Code>InternalError</Code><Message>lost</Message></Error>"
+        self.send_response(status)
+        for key, value in headers:
+            if key.lower() not in ("content-length", "connection", "transfer-encoding"):
+                self.send_header(key, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _forward
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def lost_reply(s3_root: tuple[str, dict[str, str]]) -> Iterator[tuple[str, dict[str, str]]]:
+    """``s3_root`` seen through a :class:`LostReplyProxy`."""
+    uri, options = s3_root
+    proxy = LostReplyProxy(options["endpoint"])
+    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread.start()
+    yield uri, {**options, "endpoint": proxy.endpoint}
+    proxy.shutdown()
+    proxy.server_close()
+    thread.join()
+
+
+@pytest.mark.s3
+def test_obstore_retries_turn_a_landed_create_into_a_false_conflict(
+    lost_reply: tuple[str, dict[str, str]],
+) -> None:
+    """obstore's RetryConfig retries the PUT and reports our own write as someone else's."""
+    uri, options = lost_reply
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    client = {"allow_http": True}
+    config = {k: v for k, v in options.items() if k != "allow_http"}
+    fast = {"init_backoff": timedelta(milliseconds=1), "max_backoff": timedelta(milliseconds=2)}
+    store = S3Store(
+        bucket, prefix=prefix, config=config, client_options=client,  # type: ignore[arg-type]
+        retry_config={"max_retries": 3, "backoff": fast},
+    )  # fmt: skip
+    with pytest.raises(AlreadyExistsError):
+        obstore.put(store, "k", b"mine", mode="create")
+    assert bytes(obstore.get(store, "k").bytes()) == b"mine"  # it was ours all along
+
+
+@pytest.mark.s3
+def test_our_retry_recognises_its_own_landed_create(
+    lost_reply: tuple[str, dict[str, str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    uri, options = lost_reply
+    store = ObjectBlobStore(uri, options, retry=TINY)
+    with caplog.at_level(logging.INFO, logger="statekeeper.storage"):
+        store.put("k", b"mine")
+    assert store.get("k") == b"mine"
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("retrying put 'k'" in message for message in messages)  # logged, in Python
+    assert any("an earlier attempt had landed" in message for message in messages)
+    with pytest.raises(CommitConflictError):
+        store.put("k", b"theirs")  # a real second writer is still refused

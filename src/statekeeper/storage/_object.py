@@ -2,7 +2,8 @@
 
 obstore errors are translated in exactly one place (:meth:`ObjectBlobStore._translate`).
 obstore's own retries are switched off: :class:`~statekeeper.storage.RetryPolicy` retries, so
-attempts are not multiplied and every retry is logged.
+attempts are not multiplied, every retry is logged, and a create-only put whose reply was lost
+is not mistaken for a conflict (``_retry.py`` says why obstore's cannot do that).
 
 The three stores differ in how a conditional write is expressed; obstore hides most of it:
 create-only is ``If-None-Match: *`` on S3 and Azure and ``x-goog-if-generation-match: 0`` on
