@@ -11,9 +11,9 @@ import os
 from collections.abc import Mapping
 from urllib.parse import unquote, urlsplit
 
+from statekeeper.storage._checks import check_storage_options
 from statekeeper.storage._local import LocalBlobStore
 from statekeeper.storage._object import OBJECT_SCHEMES, ObjectBlobStore
-from statekeeper.storage._options import check_storage_options
 from statekeeper.storage._protocol import BlobMeta, BlobStore
 from statekeeper.storage._retry import RetryPolicy
 

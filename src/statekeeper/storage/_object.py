@@ -40,7 +40,7 @@ from statekeeper.errors import (
     StorageError,
     TransientStorageError,
 )
-from statekeeper.storage._options import (
+from statekeeper.storage._checks import (
     check_storage_options,
     is_secret_option,
     split_client_options,
@@ -108,7 +108,7 @@ class ObjectBlobStore(ParallelTransfers):
                 in its string form): obstore HTTP client options (``allow_http``,
                 ``timeout`` as seconds or ``"30s"``, ...) and store config keys (``endpoint``,
                 ``region``, ``access_key_id``, ``service_account_key``, ``account_name``,
-                ...). Checked here, once; see ``storage/_options.py``.
+                ...). Checked here, once; see ``storage/_checks.py``.
             io_threads: parallel transfers of ``put_many``/``get_many``.
             retry: retry policy of every request; ``RetryPolicy()`` if ``None``.
 

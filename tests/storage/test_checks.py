@@ -15,7 +15,7 @@ import pytest
 import statekeeper as sk
 from statekeeper.errors import TransientStorageError
 from statekeeper.storage import ObjectBlobStore, RetryPolicy, open_blob_store
-from statekeeper.storage._options import STORE_KEYS
+from statekeeper.storage._checks import STORE_KEYS
 
 SECRET = "SUPERSECRET-0cc175b9c0f1b6a8"
 DURATION_FORM = "'30s', '500ms'"

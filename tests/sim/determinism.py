@@ -1,0 +1,82 @@
+"""What it takes, beyond the baton, for a run to be a function of its seed.
+
+Three sources of nondeterminism sit below the BlobStore, and each is pinned here:
+
+* **uuids.** Blob ids are ``uuid4``; they decide the order of listings (which blob GC deletes
+  first, where a page of a listing ends). :func:`seeded_uuids` draws them from streams of the
+  seed, one per actor and one per actor's library threads (which run at the same time as the
+  actor's own thread: an upload reads its next file while its pool writes the last one).
+* **RocksDB compaction.** A checkpoint flushes the memtable; the fourth level-0 file triggers a
+  compaction on a RocksDB thread, and whether the checkpoint's file list is taken before or
+  after it finishes is a race *inside* one call (so the next snapshot uploads 1 or 4 SST
+  files). :func:`deterministic_rocksdb` turns automatic compactions off for the working
+  copies of a run, and :func:`settle` compacts (synchronously, at a step boundary) once
+  RocksDB would have: compaction still happens, at a point the seed decides.
+* **Time.** GC compares blob ages with the wall clock: scenarios use an orphan TTL of 0 or
+  1e9 s only; the local flush interval is 1e9 s (flushes happen at checkpoints and closes).
+
+The first two reach into private names of statekeeper (``store._working_copy._options``,
+``StateStore._copy._db``); if those change, :func:`deterministic_rocksdb` raises rather than
+letting runs silently diverge (the determinism test would catch that too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import statekeeper as sk
+from tests.sim.scheduler import DeterminismError, Sim
+
+__all__ = ["deterministic_rocksdb", "seeded_uuids", "settle"]
+
+_L0_COMPACTION_TRIGGER = 4  # RocksDB's default level0_file_num_compaction_trigger
+
+
+@contextlib.contextmanager
+def seeded_uuids(sim: Sim) -> Iterator[None]:
+    """``uuid.uuid4`` draws from :meth:`Sim.uuid4` for the duration of a run."""
+    original = uuid.uuid4
+    uuid.uuid4 = sim.uuid4
+    try:
+        yield
+    finally:
+        uuid.uuid4 = original
+
+
+@contextlib.contextmanager
+def deterministic_rocksdb() -> Iterator[None]:
+    """Working copies opened meanwhile never compact on their own (see :func:`settle`).
+
+    Raises:
+        DeterminismError: statekeeper no longer builds RocksDB options where this expects.
+    """
+    from statekeeper.store import _working_copy
+
+    original: Callable[..., Any] | None = getattr(_working_copy, "_options", None)
+    if original is None:
+        raise DeterminismError(
+            "statekeeper.store._working_copy._options is gone: update tests/sim/determinism.py"
+        )
+
+    def options(*args: Any, **kwargs: Any) -> Any:
+        opts = original(*args, **kwargs)
+        opts.set_disable_auto_compactions(True)
+        return opts
+
+    _working_copy._options = options  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        _working_copy._options = original  # type: ignore[attr-defined]
+
+
+def settle(store: sk.StateStore) -> None:
+    """Compact the store's working copy now if RocksDB would have done so by itself."""
+    db = getattr(getattr(store, "_copy", None), "_db", None)
+    if db is None or store.closed:
+        return
+    if db.property_int_value("rocksdb.num-files-at-level0") >= _L0_COMPACTION_TRIGGER:
+        db.compact_range(None, None)

@@ -1,0 +1,272 @@
+"""The model of one store: which content each version may hold, narrowed by what actors see.
+
+For every version the model keeps its **candidates**: the attempts that may hold it now. An
+attempt becomes a candidate when its commit starts; it stays one if it was acknowledged, or if
+it failed in a way that may have landed (a storage error, a crash); it is dropped when it was
+refused, when a reader saw other content for the version and it cannot replace that content
+any more, or when lineage rules it out (a version built on other content of its parent, or
+the parent of a version that exists). Every observation must match a candidate, every commit
+outcome must be one :func:`~tests.sim.policy.allowed_commit_outcomes` allows, and the store's
+version listing must keep every version §5 says it keeps. Only public behaviour is checked:
+what ``open``/``scan``/``commit``/``versions`` return, never a blob name.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+
+from tests.sim.policy import (
+    PLAIN_ORDER,
+    Attempt,
+    Order,
+    State,
+    allowed_commit_outcomes,
+    may_replace,
+    render,
+)
+
+__all__ = ["InvariantViolation", "Model"]
+
+Writes = dict[bytes, bytes | None]
+
+
+class InvariantViolation(AssertionError):
+    """An invariant of ARCHITECTURE §5 does not hold."""
+
+
+class Model:
+    """Candidates per version of the one store of a run, and the checks on them.
+
+    Args:
+        retain: ``retain_versions`` of the scenario.
+        gc: whether garbage collection may run (versions below the retention may vanish).
+        keep_empty: whether version 0 must stay restorable once version 1 may exist (see
+            :data:`tests.sim.policy.EMPTY_STORE_KEPT`).
+    """
+
+    def __init__(self, *, retain: int, gc: bool, keep_empty: bool) -> None:
+        self.retain = retain
+        self.gc = gc
+        self.keep_empty = keep_empty
+        self._ids = itertools.count(1)
+        genesis = Attempt(0, "genesis", 0, PLAIN_ORDER, frozenset(), frozenset(), "acked", True)
+        self.cands: dict[int, list[Attempt]] = {0: [genesis]}
+        self.attempts: list[Attempt] = [genesis]
+        self.known_high = 0
+        """Highest version known to exist (acknowledged or read)."""
+
+    # -- queries --------------------------------------------------------------------------
+
+    @property
+    def maybe_high(self) -> int:
+        """Highest version that may exist."""
+        return max(v for v, c in self.cands.items() if c)
+
+    def retained_floor(self) -> int:
+        """Versions from here up are guaranteed restorable (§5.5), given what may exist."""
+        floor = max(0, self.maybe_high - self.retain + 1) if self.gc else 0
+        if not self.keep_empty and self.maybe_high >= 1:
+            floor = max(floor, 1)
+        return floor
+
+    def required_versions(self) -> range:
+        """Versions that must be restorable right now."""
+        return range(self.retained_floor(), self.known_high + 1)
+
+    def contents(self, version: int) -> list[str]:
+        return [c.describe() for c in self.cands.get(version, [])]
+
+    # -- commits --------------------------------------------------------------------------
+
+    def begin(
+        self, actor: str, version: int, order: Order, parent: State, writes: Writes
+    ) -> Attempt:
+        """Register a commit of ``version`` built on ``parent`` with ``writes``."""
+        state = dict(parent)
+        for key, value in writes.items():
+            if value is None:
+                state.pop(key, None)
+            else:
+                state[key] = value
+        attempt = Attempt(next(self._ids), actor, version, order, parent, frozenset(state.items()))
+        self.attempts.append(attempt)
+        self.cands.setdefault(version, []).append(attempt)
+        return attempt
+
+    def resume(self, attempt: Attempt) -> None:
+        """The same attempt commits again (a retry after a storage error)."""
+        attempt.status = "inflight"
+
+    def end(self, attempt: Attempt, outcome: str) -> None:
+        """Record how a commit returned: ``"ack"``, ``"conflict"`` or ``"unknown"``.
+
+        Raises:
+            InvariantViolation: the outcome is not allowed (§5.1, §5.4).
+        """
+        if outcome == "unknown":
+            attempt.status = "unknown"
+            return
+        if outcome == "ack" and attempt.dropped:
+            raise InvariantViolation(
+                f"{attempt.describe()} was acknowledged for version {attempt.version}, "
+                f"but it cannot be that version: {attempt.dropped}"
+            )
+        allowed = self._allowed(attempt)
+        if outcome not in allowed:
+            what = (
+                "committed although the protocol must refuse it"
+                if outcome == "ack"
+                else "was refused with CommitConflictError although nothing may stand in its "
+                "way (the writer is wedged)"
+            )
+            raise InvariantViolation(
+                f"version {attempt.version}: {attempt.describe()} {what}; built on "
+                f"{render(attempt.parent)}; other candidates: "
+                f"{[c.describe() for c in self._rivals(attempt)] or 'none'}; candidates of "
+                f"version {attempt.version - 1}: {self.contents(attempt.version - 1)}"
+            )
+        if outcome == "conflict":
+            attempt.status = "refused"
+            if not attempt.landed:  # one read back holds it, whatever its writer was told
+                self._drop(attempt, "its commit was refused")
+            return
+        attempt.status, attempt.landed = "acked", True
+        self.known_high = max(self.known_high, attempt.version)
+        self.cands[attempt.version] = [attempt] + [
+            c
+            for c in self._rivals(attempt)
+            if c.state == attempt.state or (c.status == "inflight" and may_replace(c, attempt))
+        ]
+        self._propagate()
+
+    def _rivals(self, attempt: Attempt) -> list[Attempt]:
+        return [c for c in self.cands.get(attempt.version, []) if c is not attempt]
+
+    def _allowed(self, attempt: Attempt) -> frozenset[str]:
+        v = attempt.version
+        below = self.cands.get(v - 1, [])
+        parents = {c.state for c in below}
+        parent = "no" if attempt.parent not in parents else "yes" if len(parents) == 1 else "maybe"
+        if self.known_high > v:
+            successor = "landed"
+        else:
+            successor = "maybe" if self.cands.get(v + 1) else "none"
+        others = [a for a in self.attempts if a is not attempt]
+        return frozenset(
+            allowed_commit_outcomes(
+                attempt,
+                self._rivals(attempt),
+                parent=parent,  # type: ignore[arg-type]
+                successor=successor,  # type: ignore[arg-type]
+                fence_certain=max(a.order for a in others if a.status == "acked"),
+                fence_possible=max(a.order for a in others if a.status != "refused"),
+            )
+        )
+
+    # -- observations ---------------------------------------------------------------------
+
+    def observe(self, version: int, state: State, who: str) -> None:
+        """A store opened at ``version`` holds ``state``.
+
+        Raises:
+            InvariantViolation: no attempt that may hold ``version`` has that content (§5.2).
+        """
+        cands = self.cands.get(version, [])
+        matching = [c for c in cands if c.state == state]
+        if not matching:
+            raise InvariantViolation(
+                f"{who} opened version {version} and read {render(state)}, which no commit of "
+                f"that version wrote (a mix, a newer or a lost version); the commits that may "
+                f"hold it: {self.contents(version) or 'none'}"
+            )
+        for c in matching:
+            c.landed = True
+        self.known_high = max(self.known_high, version)
+        rest = [
+            c
+            for c in cands
+            if c not in matching
+            and c.status == "inflight"
+            and any(may_replace(c, m) for m in matching)
+        ]
+        for c in cands:
+            if c not in matching and c not in rest:
+                self._drop(c, f"{who} read other content for version {version}")
+        self.cands[version] = matching + rest
+        self._propagate()
+
+    def check_latest(self, version: int, known_high_before: int, who: str) -> None:
+        """``open`` at the latest version returned ``version``."""
+        if not known_high_before <= version <= self.maybe_high:
+            raise InvariantViolation(
+                f"{who} opened the latest version and got {version}; versions up to "
+                f"{known_high_before} were committed before it opened and at most "
+                f"{self.maybe_high} may exist"
+            )
+
+    def open_failure_allowed(self, version: int | None, known_high_before: int) -> bool:
+        """Whether ``open`` may fail with StateNotFoundError/CorruptStateError: only for a
+        version that may have fallen out of the retention while it was being opened."""
+        if version == 0 and not self.keep_empty and self.maybe_high >= 1:
+            return True
+        if not self.gc:
+            return False
+        floor = self.maybe_high - self.retain + 1
+        return (known_high_before if version is None else version) < floor
+
+    def check_versions(self, listed: Iterable[int], who: str) -> None:
+        """``backend.versions()`` keeps every required version and invents none (§5.4-5)."""
+        listed = set(listed)
+        missing = sorted(set(self.required_versions()) - listed)
+        if missing:
+            raise InvariantViolation(
+                f"{who}: versions {missing} are no longer restorable, but every version from "
+                f"{self.retained_floor()} to {self.known_high} was committed and must be kept "
+                f"(retain_versions={self.retain}); restorable: {sorted(listed)}"
+            )
+        if listed and max(listed) > self.maybe_high:
+            raise InvariantViolation(
+                f"{who}: version {max(listed)} is listed, but no commit of it was attempted "
+                f"(highest attempted: {self.maybe_high})"
+            )
+
+    # -- lineage --------------------------------------------------------------------------
+
+    def _drop(self, attempt: Attempt, why: str) -> None:
+        attempt.dropped = attempt.dropped or why
+        cands = self.cands.get(attempt.version, [])
+        if attempt in cands:
+            cands.remove(attempt)
+
+    def _propagate(self) -> None:
+        """Apply lineage until nothing changes: a version is built on one content of its
+        parent, and a version that exists fixes its parent (§5.4: it is final)."""
+        changed = True
+        while changed:
+            changed = False
+            top = max(self.cands)
+            for v in range(1, top + 1):
+                parents = {c.state for c in self.cands.get(v - 1, [])}
+                for c in list(self.cands.get(v, [])):
+                    if c.status != "inflight" and c.parent not in parents:
+                        if c.landed:
+                            raise InvariantViolation(
+                                f"version {v} holds {c.describe()}, built on "
+                                f"{render(c.parent)}, but version {v - 1} cannot hold that "
+                                f"any more: {self.contents(v - 1)}"
+                            )
+                        self._drop(c, f"version {v - 1} cannot hold what it was built on")
+                        changed = True
+            for v in range(min(self.known_high, top), 0, -1):
+                parents = {c.parent for c in self.cands.get(v, [])}
+                keep = [c for c in self.cands.get(v - 1, []) if c.state in parents]
+                if not keep:
+                    raise InvariantViolation(
+                        f"version {v} exists, with candidates {self.contents(v)}, but none "
+                        f"was built on what version {v - 1} may hold: {self.contents(v - 1)}"
+                    )
+                for c in self.cands[v - 1]:
+                    if c not in keep:
+                        self._drop(c, f"version {v} was built on other content")
+                        changed = True

@@ -1,0 +1,139 @@
+"""What the simulation assumes about the commit protocol beyond ARCHITECTURE §5: the one file
+the commit-protocol redesign (format 2, issue "commit protocol v2") edits.
+
+Two things live here and nowhere else:
+
+* :func:`open_for_write`: how a writer opens a store as an attempt of a given order. Format 1
+  has no attempts, so the order is dropped; format 2 passes it on (``(generation, stage
+  attempt, task attempt)``, see :mod:`statekeeper.manifest`).
+* :func:`allowed_commit_outcomes` and :func:`may_replace`: whether a commit must succeed, must
+  raise :class:`~statekeeper.CommitConflictError`, or may do either, given what the model
+  knows. The rules are those of §5 invariant 4 (the format 2 semantics); where format 1 and
+  format 2 legitimately differ (a re-run with identical content: format 1 accepts it, format 2
+  refuses a different attempt of equal order) they allow both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import statekeeper as sk
+
+__all__ = [
+    "EMPTY_STORE_KEPT",
+    "PLAIN_ORDER",
+    "Attempt",
+    "Order",
+    "allowed_commit_outcomes",
+    "may_replace",
+    "open_for_write",
+]
+
+Order = tuple[int, int, int]
+"""(generation, stage attempt, task attempt): higher is newer."""
+PLAIN_ORDER: Order = (0, 0, 0)
+State = frozenset[tuple[bytes, bytes]]
+Outcome = Literal["ack", "conflict"]
+
+
+@dataclass(eq=False)
+class Attempt:
+    """One commit of one version by one writer, from the writer's point of view."""
+
+    id: int
+    actor: str
+    version: int
+    order: Order
+    parent: State
+    """The content of ``version - 1`` the writer opened and built on."""
+    state: State
+    """The content ``version`` has if this attempt is the one that won it."""
+    status: str = "inflight"  # inflight | acked | unknown (failed or crashed) | refused
+    landed: bool = False
+    """Known to have been the content of ``version`` at some point (acked or read back)."""
+    dropped: str = ""
+    """Why the model ruled out that this attempt holds its version (empty: it may)."""
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        return (
+            f"attempt #{self.id} of {self.actor} (order {self.order}, {self.status}) "
+            f"-> {render(self.state)}"
+        )
+
+
+def render(state: State) -> str:
+    """A state as a short, sorted dict literal."""
+    return "{" + ", ".join(f"{k.decode()}: {v.decode()}" for k, v in sorted(state)) + "}"
+
+
+EMPTY_STORE_KEPT = False
+"""Whether version 0 (the empty store) stays restorable while it is retained.
+
+Format 1 lists it only while changelog 1 exists: once version 1 is a snapshot (snapshot
+mode), ``open(version=0)`` fails and batch 0 cannot be re-run. Scenarios take this default;
+``snapshot_rerun_batch0`` (NEEDS_V2) asks for it. The redesign sets it to True.
+"""
+
+
+def open_for_write(
+    backend: sk.StateBackend, operator: str, partition: int, version: int | None, order: Order
+) -> sk.StateStore:
+    """Open a store for a batch, as an attempt of ``order``.
+
+    Format 1: there are no attempt orders, ``order`` is dropped. Format 2: pass it, e.g.
+    ``backend.open(operator, partition, version, attempt=order)`` (whatever the API becomes).
+    """
+    del order
+    return backend.open(operator, partition, version)
+
+
+def may_replace(new: Attempt, holder: Attempt) -> bool:
+    """Whether ``new`` may replace ``holder`` as its version (if nothing was built on it).
+
+    §5.4: a newer attempt replaces an older attempt's ``b + 1``; equal orders never replace
+    each other; an older one (a zombie) never displaces a newer one.
+    """
+    return new.order > holder.order
+
+
+def allowed_commit_outcomes(
+    attempt: Attempt,
+    rivals: Sequence[Attempt],
+    *,
+    parent: Literal["yes", "maybe", "no"],
+    successor: Literal["none", "maybe", "landed"],
+    fence_certain: Order,
+    fence_possible: Order,
+) -> frozenset[Outcome]:
+    """What ``attempt.commit()`` may return, given the model's knowledge at that moment.
+
+    Args:
+        attempt: the commit that just returned.
+        rivals: other attempts that may hold ``attempt.version`` now (landed, in flight, or
+            failed in a way that may have landed).
+        parent: whether what the attempt built on may still be ``version - 1``.
+        successor: whether ``version + 1`` exists.
+        fence_certain: the highest order of an attempt known to have committed.
+        fence_possible: the highest order of an attempt that may have committed.
+    """
+    if attempt.landed or any(r.landed and r.state == attempt.state for r in rivals):
+        # It was read back as the version (a retry of a write that landed), or it re-runs a
+        # committed version with identical content: format 1 accepts that, format 2 refuses
+        # another attempt of equal order. Either way the version holds this content.
+        return frozenset({"ack", "conflict"})
+    if attempt.order < fence_certain or parent == "no" or successor == "landed":
+        return frozenset({"conflict"})  # a zombie, a stale parent, or a final version
+    for rival in rivals:
+        if rival.landed and not may_replace(attempt, rival):
+            return frozenset({"conflict"})  # another attempt committed it first
+    if (
+        all(may_replace(attempt, rival) for rival in rivals)
+        and parent == "yes"
+        and successor == "none"
+        and attempt.order >= fence_possible
+    ):
+        return frozenset({"ack"})  # nothing can be in its way: a refusal would wedge it
+    return frozenset({"ack", "conflict"})
