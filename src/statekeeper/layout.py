@@ -23,8 +23,11 @@ __all__ = [
     "parse_changelog_key",
     "parse_epoch_key",
     "parse_metrics_key",
+    "parse_report_key",
     "parse_snapshot_key",
     "parse_store_key",
+    "report_key",
+    "reports_prefix",
     "snapshot_index_key",
     "snapshot_prefix",
     "store_prefix",
@@ -41,6 +44,7 @@ _ATTEMPT_RE = re.compile(r"[A-Za-z0-9_]{1,64}")
 _CHANGELOG_SUFFIX = ".changelog"
 _INDEX_SUFFIX = ".index.json"
 _EPOCHS = "_epochs/"
+_REPORTS = "_reports/"
 _DIGITS = 20
 
 
@@ -240,6 +244,31 @@ def parse_epoch_key(key: str) -> int | None:
     if not key.startswith(_EPOCHS):
         return None
     return _parse_digits(key[len(_EPOCHS) :], ".json")
+
+
+def reports_prefix(operator: str, batch_id: int | None = None) -> str:
+    """Prefix of the task reports of ``operator`` (of one micro-batch if ``batch_id`` is given)."""
+    head = f"{_REPORTS}{validate_operator(operator)}/"
+    return head if batch_id is None else f"{head}{validate_version(batch_id):0{_DIGITS}d}/"
+
+
+def report_key(operator: str, batch_id: int, partition: int) -> str:
+    """Key of the task report of one partition in one micro-batch (a re-run replaces it)."""
+    return f"{reports_prefix(operator, batch_id)}{validate_partition(partition):06d}.json"
+
+
+def parse_report_key(key: str) -> tuple[str, int, int] | None:
+    """(operator, batch id, partition) of a task report key, or ``None`` if it is not one."""
+    if not key.startswith(_REPORTS):
+        return None
+    parts = key[len(_REPORTS) :].split("/")
+    if len(parts) != 3 or not _OPERATOR_RE.fullmatch(parts[0]):
+        return None
+    batch = _parse_digits(parts[1] + ".json", ".json")
+    name = parts[2]
+    if batch is None or len(name) != 11 or not name.endswith(".json") or not name[:6].isdigit():
+        return None
+    return parts[0], batch, int(name[:6])
 
 
 def _parse_versioned(key: str, infix: str, suffix: str) -> int | None:

@@ -17,9 +17,10 @@ from statekeeper import (
     layout,
 )
 from statekeeper.epochs import build_manifest, write_manifest
+from statekeeper.reports import TaskReport, read_reports, write_report
 from statekeeper.spark import EpochManifest, latest_epoch, read_manifest
 from statekeeper.spark._metrics import aggregate
-from statekeeper.spark._reports import ReportParam, ReportSink, TaskReport
+from statekeeper.storage import open_blob_store
 
 
 @pytest.fixture
@@ -91,14 +92,16 @@ def _report(partition: int, batch: int = 3, **changes: object) -> TaskReport:
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
-def test_reports_flow_from_worker_lists_into_the_driver_sink() -> None:
-    param = ReportParam()
-    worker = param.addInPlace(param.zero(None), _report(0))  # what a task accumulates
-    sink = param.addInPlace(ReportSink(), worker)  # what the driver's server does with it
-    param.addInPlace(sink, [_report(1), _report(0, batch=1)])
-    assert len(sink) == 3
-    assert [r.partition for r in sink.pop("q", 3)] == [0, 1]
-    assert len(sink) == 0  # the older batch's leftover is dropped with it
+def test_report_blobs_round_trip_and_a_re_run_replaces_its_report(tmp_path: Path) -> None:
+    blobs = open_blob_store(str(tmp_path / "root"))
+    write_report(blobs, _report(1))
+    write_report(blobs, _report(0, rows_in=1))
+    write_report(blobs, _report(0, rows_in=2))  # the re-run's report replaces the first
+    write_report(blobs, _report(0, batch=1))
+    found = read_reports(blobs, "op", 3)
+    assert [(r.partition, r.rows_in) for r in found] == [(0, 2), (1, 10)]
+    assert all(r.written_ms > 0 for r in found)
+    assert [r.batch_id for r in read_reports(blobs, "op", 1)] == [1]
 
 
 def test_aggregation_counts_each_partition_once() -> None:

@@ -20,8 +20,10 @@ Modelled on Spark 4's ``transformWithStateInPandas``, with state kept in the Pyt
                                partitions=8)
 
 Micro-batch ``b`` loads state version ``b`` and commits ``b + 1``; re-running a batch is
-idempotent. Per-batch metrics are logged by logger ``statekeeper.spark`` and kept by
-:func:`state_listener`; epoch manifests are written to ``_epochs/`` in the root.
+idempotent. Every task writes a small report into the root; :func:`batch_metrics` turns a
+micro-batch's reports into metrics (also on Spark Connect). On classic sessions
+:func:`state_listener` also logs them (logger ``statekeeper.spark``), keeps them and writes
+epoch manifests to ``_epochs/`` in the root.
 
 The processor-facing names (processor, handles, codecs, key tuples) live in
 :mod:`statekeeper.keyed`, which needs no pyspark, and are re-exported here.
@@ -42,9 +44,10 @@ from statekeeper.keyed import (
     decode_key,
     encode_key,
 )
+from statekeeper.reports import TaskReport
 from statekeeper.spark._filelock import StoreBusyError
 from statekeeper.spark._listener import StateListener, state_listener
-from statekeeper.spark._metrics import BatchMetrics
+from statekeeper.spark._metrics import BatchMetrics, batch_metrics
 from statekeeper.spark._output import OutputSchemaError
 from statekeeper.spark._read import read_state
 from statekeeper.spark._runner import PartitionStore
@@ -65,7 +68,9 @@ __all__ = [
     "StatefulProcessorHandle",
     "StoreBusyError",
     "StoreEntry",
+    "TaskReport",
     "ValueState",
+    "batch_metrics",
     "decode_key",
     "encode_key",
     "latest_epoch",

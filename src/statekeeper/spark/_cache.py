@@ -7,6 +7,12 @@ next one continues without reading anything. Otherwise the store is (re)opened a
 local working copy is reused or caught up when it is at or behind ``b``, rebuilt from the
 root when it is ahead (a re-run) or belongs to another root.
 
+Where working copies live: ``StoreConfig.local_dir`` if set; otherwise the executor's own
+Spark local directory (``SPARK_LOCAL_DIRS``, which Spark sets for its Python workers to the
+executor's block manager folders under ``spark.local.dir``), so two executors never share a
+working copy even on one host, and an executor's copies go away with it. Outside a Spark
+worker the library default applies.
+
 An open store holds its working copy's :class:`StoreLock` for as long as it stays cached.
 A janitor thread per worker hands idle stores over to other processes that ask for them,
 and closes stores idle for longer than ``_IDLE_CLOSE_S``.
@@ -15,7 +21,9 @@ and closes stores idle for longer than ``_IDLE_CLOSE_S``.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -26,7 +34,7 @@ from statekeeper.errors import StateKeeperError, StateNotFoundError
 from statekeeper.spark._filelock import StoreLock
 from statekeeper.store import RestoreInfo, StateBackend, StateStore
 
-__all__ = ["CACHE", "Lease", "StoreCache", "StoreSpec"]
+__all__ = ["CACHE", "Lease", "StoreCache", "StoreSpec", "worker_config"]
 
 _log = logging.getLogger("statekeeper.spark")
 _JANITOR_POLL_S = 0.01
@@ -95,7 +103,9 @@ class StoreCache:
             backend = self._backends.get(key)
         if backend is None:
             backend = StateBackend(
-                spec.root, config=spec.config, storage_options=dict(spec.storage_options) or None
+                spec.root,
+                config=worker_config(spec.config),
+                storage_options=dict(spec.storage_options) or None,
             )
             with self._mutex:
                 backend = self._backends.setdefault(key, backend)
@@ -208,6 +218,16 @@ class StoreCache:
                     _shutdown(entry)
                 except (StateKeeperError, OSError):  # the janitor must survive
                     _log.exception("could not release the store of %s", entry.key[0])
+
+
+def worker_config(config: StoreConfig) -> StoreConfig:
+    """``config`` with ``local_dir`` defaulted to this executor's Spark local directory."""
+    if config.local_dir is not None:
+        return config
+    spark_dirs = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d.strip()]
+    if not spark_dirs:
+        return config
+    return dataclasses.replace(config, local_dir=os.path.join(spark_dirs[0], "statekeeper"))
 
 
 def _open(backend: StateBackend, spec: StoreSpec, partition: int, version: int) -> StateStore:

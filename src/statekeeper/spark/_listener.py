@@ -1,11 +1,13 @@
-"""The driver side of metrics and epoch manifests: one listener per SparkSession.
+"""Per-batch metrics and epoch manifests on the driver: reports read back from the root.
 
-Tasks add a :class:`TaskReport` to an accumulator after they commit; Spark merges the updates
-of successful attempts on the driver before the micro-batch ends. When the query's progress
-event for that batch arrives, the listener takes the batch's reports, logs one line per
-operator (logger ``statekeeper.spark``), keeps a :class:`BatchMetrics` for users to read, and
-hands the epoch manifest to a background thread (listing snapshot folders must not hold up
-Spark's listener bus). A failure here is logged and never affects the query.
+Tasks write a task report blob after they commit (:mod:`statekeeper.reports`). Anyone may
+aggregate a micro-batch's reports: :func:`batch_metrics` does it on demand, from a classic
+session, a Spark Connect client or a plain Python process. On classic sessions a listener is
+optional sugar: on each query progress event it reads the batch's reports of the operators
+built in that session, logs one line per operator (logger ``statekeeper.spark``), keeps a
+:class:`BatchMetrics` for users to read, and writes the epoch manifest. All of that runs on a
+background thread (listing the root must not hold up Spark's listener bus); a failure is
+logged and never affects the query.
 """
 
 from __future__ import annotations
@@ -18,17 +20,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark import Accumulator
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from statekeeper.epochs import build_manifest, write_manifest
 from statekeeper.errors import StateKeeperError
+from statekeeper.reports import TaskReport, read_reports
 from statekeeper.spark._metrics import BatchMetrics, aggregate
-from statekeeper.spark._reports import ReportParam, ReportSink, TaskReport
 from statekeeper.storage import BlobStore
 
-__all__ = ["StateListener", "state_listener"]
+__all__ = ["StateListener", "register_operator", "state_listener"]
 
 _log = logging.getLogger("statekeeper.spark")
 _HISTORY = 1000
@@ -47,11 +48,9 @@ class StateListener(StreamingQueryListener):
     Get the session's instance with :func:`state_listener`.
     """
 
-    def __init__(self, accumulator: Accumulator[Any], sink: ReportSink) -> None:
-        """Listen for reports arriving in ``sink`` through ``accumulator``."""
+    def __init__(self) -> None:
+        """A listener that knows no operator yet (see :meth:`register`)."""
         super().__init__()
-        self.accumulator = accumulator
-        self._sink = sink
         self._operators: dict[tuple[str, str], _Operator] = {}
         self._history: deque[BatchMetrics] = deque(maxlen=_HISTORY)
         self._cond = threading.Condition()
@@ -96,30 +95,41 @@ class StateListener(StreamingQueryListener):
     # -- public ---------------------------------------------------------------------------
 
     def handle_batch(self, query_id: str, batch_id: int, run_id: str | None = None) -> None:
-        """Process the reports of one finished micro-batch (called per progress event)."""
-        reports = self._sink.pop(query_id, batch_id)
-        if not reports:
-            return
-        groups: dict[tuple[str, str], list[TaskReport]] = defaultdict(list)
-        for report in reports:
-            groups[(report.root, report.operator)].append(report)
+        """Schedule the processing of one finished micro-batch (called per progress event)."""
+        with self._cond:
+            operators = list(self._operators.values())
+            self._pending.append(
+                self._pool.submit(self._process, operators, query_id, batch_id, run_id)
+            )
+
+    def _process(
+        self, operators: list[_Operator], query_id: str, batch_id: int, run_id: str | None
+    ) -> None:
         metrics = []
         by_root: dict[str, dict[str, tuple[int, dict[int, str]]]] = defaultdict(dict)
-        for (root, name), group in sorted(groups.items()):
-            op = self._operators.get((root, name))
-            count = op.partitions if op else max(r.partition for r in group) + 1
-            m = aggregate(group, partitions=count, query_id=query_id, batch_id=batch_id)
+        stores: dict[str, BlobStore] = {}
+        for op in sorted(operators, key=lambda o: (o.blobs.uri, o.name)):
+            try:
+                found = read_reports(op.blobs, op.name, batch_id)
+            except StateKeeperError as exc:
+                _log.warning("could not read the task reports of %s: %s", op.name, exc)
+                continue
+            group: list[TaskReport] = [r for r in found if r.query_id == query_id]
+            if not group:
+                continue  # an operator of another query
+            m = aggregate(group, partitions=op.partitions, query_id=query_id, batch_id=batch_id)
             _log.info("statekeeper %s", m.summary())
             metrics.append(m)
-            if op is not None:
-                by_root[root][name] = (count, {r.partition: r.commit_blob for r in group})
+            stores[op.blobs.uri] = op.blobs
+            by_root[op.blobs.uri][op.name] = (
+                op.partitions,
+                {r.partition: r.commit_blob for r in group},
+            )
         with self._cond:
             self._history.extend(metrics)
-            for root, operators in by_root.items():
-                blobs = self._operators[(root, next(iter(operators)))].blobs
-                args = (blobs, query_id, batch_id, run_id, operators)
-                self._pending.append(self._pool.submit(self._write_epoch, *args))
             self._cond.notify_all()
+        for root, ops in by_root.items():
+            self._write_epoch(stores[root], query_id, batch_id, run_id, ops)
 
     def metrics(
         self, query_id: str | None = None, operator: str | None = None
@@ -163,7 +173,9 @@ class StateListener(StreamingQueryListener):
             pending, self._pending = self._pending, []
         deadline = time.monotonic() + timeout
         for future in pending:
-            future.exception(timeout=max(0.0, deadline - time.monotonic()))
+            error = future.exception(timeout=max(0.0, deadline - time.monotonic()))
+            if error is not None:
+                _log.error("statekeeper could not process a micro-batch: %r", error)
 
     def close(self) -> None:
         """Stop the manifest thread (after the writes already scheduled)."""
@@ -197,19 +209,42 @@ _listeners: dict[int, tuple[SparkSession, StateListener]] = {}
 _listeners_lock = threading.Lock()
 
 
+def _is_classic(spark: object) -> bool:
+    # Spark Connect's session is another class; listeners run on the driver only here.
+    return isinstance(spark, SparkSession)
+
+
 def state_listener(spark: SparkSession) -> StateListener:
-    """The statekeeper listener of ``spark`` (added to ``spark.streams`` on first use)."""
+    """The statekeeper listener of a classic session (added to ``spark.streams`` on first use).
+
+    On Spark Connect read metrics with :func:`batch_metrics` instead.
+
+    Raises:
+        TypeError: ``spark`` is a Spark Connect session (its listeners do not run here).
+    """
+    if not _is_classic(spark):
+        raise TypeError(
+            "state_listener needs a classic SparkSession; on Spark Connect use "
+            "statekeeper.spark.batch_metrics(checkpoint, name, batch_id), which reads the "
+            "task reports from the checkpoint root"
+        )
     with _listeners_lock:
         for key, (session, old) in list(_listeners.items()):
-            if getattr(session.sparkContext, "_jsc", None) is None:  # stopped
+            if session.sparkContext is not spark.sparkContext:  # an earlier, stopped context
                 old.close()
                 del _listeners[key]
         found = _listeners.get(id(spark))
         if found is not None and found[0] is spark:
             return found[1]
-        sink = ReportSink()
-        accumulator = spark.sparkContext.accumulator(sink, ReportParam())
-        listener = StateListener(accumulator, sink)
+        listener = StateListener()
         spark.streams.addListener(listener)
         _listeners[id(spark)] = (spark, listener)
         return listener
+
+
+def register_operator(spark: Any, blobs: BlobStore, name: str, partitions: int) -> None:
+    """Tell ``spark``'s listener about an operator; on Spark Connect just close ``blobs``."""
+    if _is_classic(spark):
+        state_listener(spark).register(blobs, name, partitions)
+    else:
+        blobs.close()

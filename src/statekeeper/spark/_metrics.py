@@ -1,13 +1,16 @@
-"""Per micro-batch, per operator metrics, aggregated on the driver from task reports."""
+"""Per micro-batch, per operator metrics, aggregated from the task reports in the root."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from statekeeper.spark._reports import TaskReport
+from statekeeper.errors import StateNotFoundError
+from statekeeper.reports import TaskReport, read_reports
+from statekeeper.storage import open_blob_store
+from statekeeper.store import StateBackend
 
-__all__ = ["BatchMetrics", "aggregate"]
+__all__ = ["BatchMetrics", "aggregate", "batch_metrics"]
 
 
 @dataclass(frozen=True)
@@ -110,4 +113,43 @@ def aggregate(
         keys=sum(r.keys for r in rs),
         expired=sum(r.expired for r in rs),
         task_time_max_s=max((r.task_s for r in rs), default=0.0),
+    )
+
+
+def batch_metrics(
+    checkpoint: str,
+    name: str,
+    batch_id: int,
+    *,
+    storage_options: Mapping[str, str] | None = None,
+    query_id: str | None = None,
+) -> BatchMetrics | None:
+    """The metrics of micro-batch ``batch_id`` of operator ``name``, from its task reports.
+
+    Works anywhere the root can be read: a classic session, a Spark Connect client, a plain
+    Python process. ``None`` if no task of that batch reported (yet, or the batch did not
+    run). With ``query_id``, only reports of that streaming query count.
+
+    Raises:
+        StateNotFoundError: the operator is not in the root.
+        CorruptStateError, ConfigMismatchError: a report is unreadable or too new.
+        StorageError: the root cannot be read.
+    """
+    blobs = open_blob_store(checkpoint, storage_options)
+    try:
+        with StateBackend(blobs) as backend:
+            partitions = backend.operators().get(name)
+        if partitions is None:
+            raise StateNotFoundError(f"operator {name!r} has no partition count in {blobs.uri}")
+        reports = [
+            r
+            for r in read_reports(blobs, name, batch_id)
+            if query_id is None or r.query_id == query_id
+        ]
+    finally:
+        blobs.close()
+    if not reports:
+        return None
+    return aggregate(
+        reports, partitions=partitions, query_id=reports[0].query_id, batch_id=batch_id
     )

@@ -1,100 +1,87 @@
-"""Task reports: what each successful task did, carried to the driver by an accumulator.
+"""The task side of task reports: build one after the commit and write it into the root.
 
-Why an accumulator and not report blobs: Spark merges accumulator updates of *successful*
-task attempts only, on the driver, before the job (hence the micro-batch) completes — so when
-the listener sees a batch's progress event, exactly one report per committed partition is
-there, failed attempts are excluded for free, and tasks write nothing extra to the blob store.
-The update travels with the task result (a few hundred bytes per task).
+The format and its keys live in :mod:`statekeeper.reports` (readable without Spark). A report
+is telemetry: failing to write it is logged and never fails a task whose state is committed.
 """
 
 from __future__ import annotations
 
-import threading
+import logging
 from dataclasses import dataclass
-from typing import Any
 
-from pyspark.accumulators import AccumulatorParam
+from statekeeper.errors import StateKeeperError
+from statekeeper.reports import TaskReport, prune_reports, write_report
+from statekeeper.spark._cache import Lease
+from statekeeper.spark._runner import RunStats
+from statekeeper.store import CommitInfo
 
-__all__ = ["ReportParam", "ReportSink", "TaskReport"]
+__all__ = ["TaskIdentity", "TaskReport", "report_task"]
+
+_log = logging.getLogger("statekeeper.spark")
 
 
-@dataclass(frozen=True, slots=True)
-class TaskReport:
-    """One partition's work in one micro-batch."""
+@dataclass(frozen=True)
+class TaskIdentity:
+    """Who ran: the micro-batch, the state partition and the Spark task attempt."""
 
-    query_id: str
     batch_id: int
-    root: str
-    """Credential-free URI of the checkpoint root."""
-    operator: str
     partition: int
+    query_id: str
+    stage_id: int
+    stage_attempt: int
+    """Spark's task attempt id (unique and growing in an application), see ``_transform``."""
     attempt: int
-    version: int
-    """The version committed."""
-    commit_blob: str
-    commit_s: float
-    bytes_uploaded: int
-    puts: int
-    deletes: int
-    snapshot_scheduled: bool
-    reused: bool
-    """The store was open in the worker already (no open, no restore)."""
-    open_s: float
-    restored: bool
-    """Opening downloaded snapshot files or replayed changelogs."""
-    restore_s: float
-    restore_bytes: int
-    rows_in: int
-    rows_out: int
-    keys: int
-    expired: int
-    task_s: float
 
 
-class ReportSink:
-    """Driver-side accumulator value: reports grouped by (query id, batch id). Thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._reports: dict[tuple[str, int], list[TaskReport]] = {}
-
-    def add(self, reports: list[TaskReport]) -> None:
-        """File reports (called by PySpark's accumulator server thread)."""
-        with self._lock:
-            for report in reports:
-                self._reports.setdefault((report.query_id, report.batch_id), []).append(report)
-
-    def pop(self, query_id: str, batch_id: int) -> list[TaskReport]:
-        """Take the reports of one micro-batch, dropping those of earlier ones of that query.
-
-        Earlier batches' leftovers exist only when a progress event was missed; they can no
-        longer be matched to one.
-        """
-        with self._lock:
-            found = self._reports.pop((query_id, batch_id), [])
-            for key in [k for k in self._reports if k[0] == query_id and k[1] < batch_id]:
-                del self._reports[key]
-        return found
-
-    def __len__(self) -> int:
-        with self._lock:
-            return sum(len(v) for v in self._reports.values())
+def report_task(
+    lease: Lease, info: CommitInfo, stats: RunStats, ctx: TaskIdentity, task_s: float
+) -> TaskReport | None:
+    """Write the report of a committed task (and prune old ones); ``None`` if that failed."""
+    report = build_report(lease, info, stats, ctx, task_s)
+    blobs = lease.entry.backend.blobs
+    try:
+        written = write_report(blobs, report)
+        prune_reports(blobs, report.operator, report.partition, report.batch_id)
+    except StateKeeperError as exc:
+        _log.warning(
+            "could not write the task report of %s/%s batch %s: %s",
+            report.operator, report.partition, report.batch_id, exc,
+        )  # fmt: skip
+        return None
+    return written
 
 
-class ReportParam(AccumulatorParam[Any]):
-    """Workers accumulate a list of reports; the driver files them into a ReportSink."""
-
-    def zero(self, value: Any) -> list[TaskReport]:
-        """Each task starts with an empty list."""
-        return []
-
-    def addInPlace(self, value1: Any, value2: Any) -> Any:
-        """Worker: append one report; driver: file a task's list into the sink."""
-        if isinstance(value1, ReportSink):
-            value1.add(list(value2))
-            return value1
-        if isinstance(value2, TaskReport):
-            value1.append(value2)
-        else:
-            value1.extend(value2)
-        return value1
+def build_report(
+    lease: Lease, info: CommitInfo, stats: RunStats, ctx: TaskIdentity, task_s: float
+) -> TaskReport:
+    """The report of one committed task."""
+    restore = lease.restore
+    # Opening an empty store or a current local copy is no restore; downloading is.
+    restored = restore is not None and (
+        restore.base_kind == "snapshot" or restore.changelogs_replayed > 0
+    )
+    return TaskReport(
+        query_id=ctx.query_id,
+        batch_id=ctx.batch_id,
+        root=lease.entry.backend.blobs.uri,
+        operator=info.operator,
+        partition=ctx.partition,
+        attempt=ctx.attempt,
+        version=info.version,
+        commit_blob=info.blob,
+        commit_s=info.duration_s,
+        bytes_uploaded=info.bytes_uploaded,
+        puts=info.puts,
+        deletes=info.deletes,
+        snapshot_scheduled=info.snapshot_scheduled,
+        reused=lease.reused,
+        open_s=lease.open_s,
+        restored=restored,
+        restore_s=restore.duration_s if restore is not None and restored else 0.0,
+        restore_bytes=restore.bytes_downloaded if restore is not None else 0,
+        rows_in=stats.rows_in,
+        rows_out=stats.rows_out,
+        keys=stats.keys,
+        expired=stats.expired,
+        task_s=task_s,
+    )

@@ -1,16 +1,35 @@
 """``transform_with_state`` and its vectorized form: the driver-side checks and the tasks.
 
-The plan is ``df -> repartition(partitions, *keys) -> mapInArrow(task)``: Spark's hash
-partitioning (Murmur3 of the key columns, modulo ``partitions``) sends every row of a key to
-the same task in every micro-batch, and the task index is the state partition. Inside a task
-the micro-batch id ``b`` is the local property ``streaming.sql.batchId``: the task leases its
-partition's store at version ``b`` (``_cache``), runs the processor, yields the output and
-only then commits version ``b + 1``, so a task that fails or whose output is abandoned
-commits nothing.
+The plan is ``df -> repartition(partitions, *keys) -> mapInArrow(task) -> repartitionById``:
+
+* Spark's hash partitioning (Murmur3 of the key columns, ``pmod`` ``partitions``) sends every
+  row of a key to the same reduce task in every micro-batch. After the shuffle, a column
+  ``pmod(hash(keys), partitions)`` (the same function, evaluated in the reduce stage, so it
+  costs no shuffle bytes) tells the task its **state partition from the data**; every row
+  must agree, or the task fails with an error instead of touching a wrong store.
+* An empty partition still runs its task and must still commit its store, but it has no row
+  to learn its partition from, only ``TaskContext.partitionId()``. That is the shuffle
+  partition only if no narrow operation (``coalesce``, ``union``) shares the stage: with
+  ``coalesce(1)`` one task runs the function once per shuffle partition, every time with
+  partition id 0. So the output ends with ``repartitionById(partitions,
+  spark_partition_id())``, a stage boundary that keeps each row in its partition: whatever
+  the user appends runs in a later stage, and the operator's task ids are always its
+  shuffle partitions. The price is one shuffle of the *output* (usually far smaller than
+  the input). A non-empty task checks that its data and its task id agree.
+* Inside a task the micro-batch id ``b`` is the local property ``streaming.sql.batchId``:
+  the task leases its partition's store at version ``b`` (``_cache``), runs the processor,
+  yields the output and only then commits version ``b + 1``, so a task that fails or whose
+  output is abandoned commits nothing. Then it writes a task report into the root
+  (:mod:`statekeeper.reports`): that is how metrics reach a Spark Connect client.
+* Commits carry an order ``(generation, stage id, stage attempt, task attempt)``; the
+  generation is bumped in the root each time the operator is (re)started, so a re-run
+  replaces an older attempt and a zombie task of an earlier run is refused. Speculative
+  execution would run two live attempts of one task, so it is refused.
 
 TTL is measured with the micro-batch timestamp, which Spark substitutes for
 ``current_timestamp()`` in streaming plans and records in its offset log: a re-run of batch
-``b`` sees the timestamp of its first run, and rewrites identical state.
+``b`` sees the timestamp of its first run. The column is added after the shuffle, so it
+costs no shuffle bytes; it reaches the Python worker as one constant column.
 """
 
 from __future__ import annotations
@@ -22,7 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
-from pyspark import Accumulator, TaskContext
+import pyarrow.compute as pc  # type: ignore[import-untyped]
+from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -32,9 +52,9 @@ from statekeeper import layout
 from statekeeper.config import StoreConfig
 from statekeeper.errors import CommitConflictError, StateKeeperError
 from statekeeper.keyed import StatefulProcessor
-from statekeeper.spark._cache import CACHE, Lease, StoreSpec
-from statekeeper.spark._listener import state_listener
-from statekeeper.spark._reports import TaskReport
+from statekeeper.spark._cache import CACHE, StoreSpec
+from statekeeper.spark._listener import register_operator
+from statekeeper.spark._reports import TaskIdentity, report_task
 from statekeeper.spark._runner import ArrowFunction, RunStats, run_arrow, run_processor
 from statekeeper.storage import open_blob_store
 from statekeeper.store import CommitInfo, StateBackend, StateStore
@@ -42,6 +62,8 @@ from statekeeper.store import CommitInfo, StateBackend, StateStore
 __all__ = ["transform_with_state", "transform_with_state_arrow"]
 
 _TS_COLUMN = "__statekeeper_batch_ts"
+_PART_COLUMN = "__statekeeper_partition"
+_RESERVED = (_TS_COLUMN, _PART_COLUMN)
 _KEY_TYPES = (
     T.StringType,
     T.BinaryType,
@@ -67,14 +89,7 @@ class _TaskSpec:
     key_schema: str | None
     output_schema: Any  # pa.Schema
     ts_column: str | None
-
-
-@dataclass(frozen=True)
-class _TaskContext:
-    batch_id: int
-    partition: int
-    query_id: str
-    attempt: int
+    generation: int
 
 
 # -- driver side ---------------------------------------------------------------------------
@@ -121,15 +136,14 @@ def transform_with_state(
         raise TypeError(
             f"processor must be a StatefulProcessor instance, got {type(processor).__name__}"
         )
-    key_names = _check_input(df, keys, reserved=_TS_COLUMN)
-    schema = _output_struct(df.sparkSession, output_schema)
-    spec, accumulator = _prepare(
+    key_names = _check_input(df, keys)
+    schema = _output_struct(output_schema)
+    spec = _prepare(
         df, key_names, schema, checkpoint, name, partitions, config, storage_options,
         lock_timeout_s, ts_column=_TS_COLUMN,
     )  # fmt: skip
-    task = functools.partial(_rows_task, spec, processor, accumulator)
-    prepared = df.withColumn(_TS_COLUMN, F.current_timestamp())
-    return prepared.repartition(partitions, *key_names).mapInArrow(task, schema)
+    task = functools.partial(_rows_task, spec, processor)
+    return _plan(df, key_names, partitions, task, schema, with_ts=True)
 
 
 def transform_with_state_arrow(
@@ -159,17 +173,42 @@ def transform_with_state_arrow(
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    key_names = _check_input(df, keys, reserved=None)
-    schema = _output_struct(df.sparkSession, output_schema)
-    spec, accumulator = _prepare(
+    key_names = _check_input(df, keys)
+    schema = _output_struct(output_schema)
+    spec = _prepare(
         df, key_names, schema, checkpoint, name, partitions, config, storage_options,
         lock_timeout_s, ts_column=None,
     )  # fmt: skip
-    task = functools.partial(_arrow_task, spec, fn, accumulator)
-    return df.repartition(partitions, *key_names).mapInArrow(task, schema)
+    task = functools.partial(_arrow_task, spec, fn)
+    return _plan(df, key_names, partitions, task, schema, with_ts=False)
 
 
-def _check_input(df: DataFrame, keys: str | Sequence[str], reserved: str | None) -> list[str]:
+def _plan(
+    df: DataFrame,
+    key_names: list[str],
+    partitions: int,
+    task: Any,
+    schema: T.StructType,
+    *,
+    with_ts: bool,
+) -> DataFrame:
+    """Shuffle by the keys, tag rows with their state partition, run, end the stage."""
+    keys = [F.col(_quote(k)) for k in key_names]
+    shuffled = df.repartition(partitions, *keys)
+    # Evaluated after the exchange: neither column is shuffled.
+    tagged = shuffled.withColumn(_PART_COLUMN, F.pmod(F.hash(*keys), F.lit(partitions)))
+    if with_ts:
+        tagged = tagged.withColumn(_TS_COLUMN, F.current_timestamp())
+    out = tagged.mapInArrow(task, schema)
+    # A stage boundary that keeps rows in place: see the module docstring.
+    return out.repartitionById(partitions, F.spark_partition_id())
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _check_input(df: DataFrame, keys: str | Sequence[str]) -> list[str]:
     if not isinstance(df, DataFrame):
         raise TypeError(f"df must be a pyspark DataFrame, got {type(df).__name__}")
     if not df.isStreaming:
@@ -191,16 +230,15 @@ def _check_input(df: DataFrame, keys: str | Sequence[str], reserved: str | None)
                 f"key column {k!r} has type {fields[k].dataType.simpleString()}; keys must be "
                 "strings, binary, booleans, numbers, decimals, dates or timestamps"
             )
-    if reserved is not None and reserved in fields:
-        raise ValueError(f"column name {reserved!r} is reserved by statekeeper")
+    reserved = [c for c in _RESERVED if c in fields]
+    if reserved:
+        raise ValueError(f"column names {reserved} are reserved by statekeeper")
     return names
 
 
-def _output_struct(spark: SparkSession, output_schema: str | T.StructType) -> T.StructType:
+def _output_struct(output_schema: str | T.StructType) -> T.StructType:
     if isinstance(output_schema, str):
-        from pyspark.sql.types import _parse_datatype_string
-
-        parsed = _parse_datatype_string(output_schema)
+        parsed = T.DataType.fromDDL(output_schema)
     elif isinstance(output_schema, T.StructType):
         parsed = output_schema
     else:
@@ -229,8 +267,8 @@ def _prepare(
     lock_timeout_s: float,
     *,
     ts_column: str | None,
-) -> tuple[_TaskSpec, Accumulator[Any]]:
-    """Validate, register the operator in the root (checking ``partitions``), wire metrics."""
+) -> _TaskSpec:
+    """Validate, register the operator in the root (checking ``partitions``), start a run."""
     layout.validate_operator(name)
     if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
         raise ValueError(f"partitions must be an int >= 1, got {partitions!r}")
@@ -241,27 +279,48 @@ def _prepare(
         raise TypeError(f"config must be a StoreConfig, got {type(config).__name__}")
     if not isinstance(checkpoint, str):
         raise TypeError(f"checkpoint must be a str URI or path, got {type(checkpoint).__name__}")
+    spark = df.sparkSession
+    _refuse_speculation(spark)
     blobs = open_blob_store(checkpoint, storage_options, io_threads=config.io_threads)
-    # Refuses another partition count before any state is touched.
-    StateBackend(blobs, config=config).register(name, partitions)
-    listener = state_listener(df.sparkSession)
-    listener.register(blobs, name, partitions)
+    with StateBackend(blobs, config=config) as backend:
+        # Refuses another partition count before any state is touched.
+        backend.register(name, partitions)
+        generation = backend.start_generation(name)
+    register_operator(spark, blobs, name, partitions)
     # Workers must open the same root: a relative local path would resolve in their cwd.
     root = checkpoint if "://" in checkpoint else blobs.uri
     store = StoreSpec(
         root, name, partitions, config, StoreSpec.options(storage_options), float(lock_timeout_s)
     )
     key_schema = T.StructType([df.schema[k] for k in key_names]).json()
-    spec = _TaskSpec(
-        store, tuple(key_names), key_schema, _arrow_schema(df.sparkSession, schema), ts_column
+    return _TaskSpec(
+        store, tuple(key_names), key_schema, _arrow_schema(spark, schema), ts_column, generation
     )
-    return spec, listener.accumulator
+
+
+def _refuse_speculation(spark: SparkSession) -> None:
+    """Speculative tasks are two live attempts of one partition: refuse them.
+
+    Raises:
+        ValueError: ``spark.speculation`` is on.
+    """
+    if str(spark.conf.get("spark.speculation", "false")).strip().lower() == "true":
+        raise ValueError(
+            "transform_with_state does not run with spark.speculation=true: a speculative "
+            "copy of a task would run a partition's processor twice at once on one store, "
+            "and only one of them may commit its state. Turn speculation off for this query"
+        )
 
 
 # -- task side -----------------------------------------------------------------------------
 
 
-def _task_context() -> _TaskContext:
+def _task_context() -> tuple[TaskContext, int, str]:
+    """The Spark task, its micro-batch id and query id.
+
+    Raises:
+        StateKeeperError: not in a Spark task, or not in a streaming micro-batch.
+    """
     tc = TaskContext.get()
     if tc is None:
         raise StateKeeperError("statekeeper tasks must run inside a Spark task")
@@ -271,48 +330,134 @@ def _task_context() -> _TaskContext:
             "this task has no micro-batch id (local property streaming.sql.batchId): the "
             "output of transform_with_state must be run by a streaming query"
         )
-    query = tc.getLocalProperty("sql.streaming.queryId") or ""
-    return _TaskContext(int(raw), tc.partitionId(), query, tc.attemptNumber())
+    return tc, int(raw), tc.getLocalProperty("sql.streaming.queryId") or ""
 
 
-def _collect(batches: Iterator[Any], ts_column: str) -> tuple[Any, int | None]:
-    """The partition's input as one table, without the timestamp column, and the timestamp."""
+def _identity(spec: _TaskSpec, data_partition: int | None) -> TaskIdentity:
+    """Who runs this task; the state partition is the data's, checked against the task's.
+
+    Raises:
+        StateKeeperError: the data and the task id disagree (the plan was changed so that
+            the operator no longer ends its stage), or not in a streaming task.
+    """
+    tc, batch_id, query_id = _task_context()
+    task_partition = tc.partitionId()
+    partition = task_partition if data_partition is None else data_partition
+    if task_partition != partition or partition >= spec.store.partitions:
+        raise StateKeeperError(
+            f"operator {spec.store.operator!r} micro-batch {batch_id}: task {task_partition} "
+            f"received rows of state partition {partition} (of {spec.store.partitions}). The "
+            "operator's stage must end with its own exchange, as transform_with_state plans "
+            "it; a changed plan would give empty partitions the wrong state"
+        )
+    # PySpark's TaskContext has no stage attempt number; the task attempt id serves: it
+    # grows with every task attempt of the application, so a retried stage's tasks order
+    # after the attempt they retry (and a new application starts a new generation).
+    return TaskIdentity(
+        batch_id, partition, query_id, tc.stageId(), tc.taskAttemptId(), tc.attemptNumber()
+    )
+
+
+def _batch_partition(batch: Any) -> int | None:
+    """The state partition of every row of an Arrow batch (``None`` if it has no rows).
+
+    Raises:
+        StateKeeperError: rows of several partitions.
+    """
+    if batch.num_rows == 0:
+        return None
+    bounds = pc.min_max(batch.column(_PART_COLUMN))
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    if low != high:
+        raise StateKeeperError(
+            f"one task received rows of state partitions {low} to {high}: the input was not "
+            "partitioned by the keys as transform_with_state planned it"
+        )
+    return int(low)
+
+
+def _collect(batches: Iterator[Any], ts_column: str) -> tuple[Any, int | None, int | None]:
+    """The partition's input as one table without our columns, the timestamp, the partition.
+
+    Raises:
+        StateKeeperError: rows of several state partitions.
+    """
     kept: list[Any] = []
     now_ms: int | None = None
+    partition: int | None = None
     for batch in batches:
-        if batch.num_rows == 0:
+        found = _batch_partition(batch)
+        if found is None:
             continue
-        column = batch.column(ts_column)
+        if partition is not None and found != partition:
+            raise StateKeeperError(
+                f"one task received rows of state partitions {partition} and {found}"
+            )
+        partition = found
         if now_ms is None:
+            column = batch.column(ts_column)
             raw = column.cast(pa.int64())[0].as_py()
             now_ms = round(raw * _UNIT_MS[column.type.unit])
-        kept.append(batch.drop_columns([ts_column]))
+        kept.append(batch.drop_columns([ts_column, _PART_COLUMN]))
     if not kept:
-        return pa.table({}), now_ms
-    return pa.Table.from_batches(kept), now_ms
+        return pa.table({}), now_ms, partition
+    return pa.Table.from_batches(kept), now_ms, partition
 
 
-def _commit(store: StateStore, spec: _TaskSpec, ctx: _TaskContext) -> CommitInfo:
+def _peek_partition(batches: Iterator[Any]) -> tuple[int | None, Iterator[Any]]:
+    """The state partition of a streamed input, and the input without our column.
+
+    Only batches up to the first non-empty one are read ahead.
+
+    Raises:
+        StateKeeperError: rows of several state partitions (also while streaming later).
+    """
+    head: list[Any] = []
+    partition: int | None = None
+    for batch in batches:
+        head.append(batch)
+        partition = _batch_partition(batch)
+        if partition is not None:
+            break
+
+    def stripped() -> Iterator[Any]:
+        for batch in _chain(head, batches):
+            found = _batch_partition(batch)
+            if found is not None and found != partition:
+                raise StateKeeperError(
+                    f"one task received rows of state partitions {partition} and {found}"
+                )
+            yield batch.drop_columns([_PART_COLUMN])
+
+    return partition, stripped()
+
+
+def _chain(head: list[Any], rest: Iterator[Any]) -> Iterator[Any]:
+    yield from head
+    yield from rest
+
+
+def _commit(store: StateStore, spec: _TaskSpec, ctx: TaskIdentity) -> CommitInfo:
+    order = (spec.generation, ctx.stage_id, ctx.stage_attempt, ctx.attempt)
     try:
-        return store.commit()
+        return store.commit(order=order)
     except CommitConflictError as exc:
         raise CommitConflictError(
             f"micro-batch {ctx.batch_id} of operator {spec.store.operator!r} partition "
-            f"{ctx.partition} was already committed (version {ctx.batch_id + 1}) with other "
-            "state changes. The batch is being re-run and produced different state: the "
-            "processor must be deterministic for a given input (use handle.batch_timestamp_ms, "
-            "not the wall clock), and the query's checkpointLocation must belong to this "
-            f"state root ({exc})"
+            f"{ctx.partition} could not commit version {ctx.batch_id + 1} (attempt order "
+            f"{order}): a newer run of this operator wrote the store (this task is left over "
+            "from an earlier run), or the batch was re-run with other state changes by the "
+            "same attempt. The processor must be deterministic for a given input (use "
+            "handle.batch_timestamp_ms, not the wall clock), and the query's "
+            f"checkpointLocation must belong to this state root ({exc})"
         ) from exc
 
 
-def _rows_task(
-    spec: _TaskSpec, processor: StatefulProcessor, accumulator: Accumulator[Any], batches: Any
-) -> Iterator[Any]:
+def _rows_task(spec: _TaskSpec, processor: StatefulProcessor, batches: Any) -> Iterator[Any]:
     started = time.perf_counter()
-    ctx = _task_context()
     assert spec.ts_column is not None
-    table, now_ms = _collect(batches, spec.ts_column)  # all input first: keys come together
+    table, now_ms, data_partition = _collect(batches, spec.ts_column)  # keys come together
+    ctx = _identity(spec, data_partition)
     lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id)
     stats = RunStats()
     try:
@@ -326,19 +471,18 @@ def _rows_task(
         CACHE.release(lease, ok=False)
         raise
     CACHE.release(lease, ok=True)
-    accumulator.add(_report(lease, info, stats, ctx, time.perf_counter() - started))
+    report_task(lease, info, stats, ctx, time.perf_counter() - started)
 
 
-def _arrow_task(
-    spec: _TaskSpec, fn: ArrowFunction, accumulator: Accumulator[Any], batches: Any
-) -> Iterator[Any]:
+def _arrow_task(spec: _TaskSpec, fn: ArrowFunction, batches: Any) -> Iterator[Any]:
     started = time.perf_counter()
-    ctx = _task_context()
+    data_partition, stripped = _peek_partition(iter(batches))
+    ctx = _identity(spec, data_partition)
     lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id)
     stats = RunStats()
     try:
         yield from run_arrow(
-            lease.store, fn, batches, output_schema=spec.output_schema,
+            lease.store, fn, stripped, output_schema=spec.output_schema,
             operator=spec.store.operator, batch_id=ctx.batch_id, partition=ctx.partition,
             stats=stats,
         )  # fmt: skip
@@ -347,42 +491,7 @@ def _arrow_task(
         CACHE.release(lease, ok=False)
         raise
     CACHE.release(lease, ok=True)
-    accumulator.add(_report(lease, info, stats, ctx, time.perf_counter() - started))
-
-
-def _report(
-    lease: Lease, info: CommitInfo, stats: RunStats, ctx: _TaskContext, task_s: float
-) -> TaskReport:
-    restore = lease.restore
-    # Opening an empty store or a current local copy is no restore; downloading is.
-    restored = restore is not None and (
-        restore.base_kind == "snapshot" or restore.changelogs_replayed > 0
-    )
-    return TaskReport(
-        query_id=ctx.query_id,
-        batch_id=ctx.batch_id,
-        root=lease.entry.backend.blobs.uri,
-        operator=info.operator,
-        partition=ctx.partition,
-        attempt=ctx.attempt,
-        version=info.version,
-        commit_blob=info.blob,
-        commit_s=info.duration_s,
-        bytes_uploaded=info.bytes_uploaded,
-        puts=info.puts,
-        deletes=info.deletes,
-        snapshot_scheduled=info.snapshot_scheduled,
-        reused=lease.reused,
-        open_s=lease.open_s,
-        restored=restored,
-        restore_s=restore.duration_s if restore is not None and restored else 0.0,
-        restore_bytes=restore.bytes_downloaded if restore is not None else 0,
-        rows_in=stats.rows_in,
-        rows_out=stats.rows_out,
-        keys=stats.keys,
-        expired=stats.expired,
-        task_s=task_s,
-    )
+    report_task(lease, info, stats, ctx, time.perf_counter() - started)
 
 
 def _key_names(keys: str | Sequence[str]) -> list[str]:
