@@ -1,0 +1,84 @@
+"""The state partition comes from the data: narrow operations after the operator are correct.
+
+With ``coalesce(1)`` one task runs the operator's function once per shuffle partition, and
+with ``union`` the task ids are offset; few keys over many partitions leave partitions empty
+in every batch, which must still commit their stores.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from statekeeper import StateBackend, StoreConfig
+from statekeeper.spark import batch_metrics, read_state, transform_with_state
+from tests.spark.helpers import (
+    OUTPUT_SCHEMA,
+    batch_totals,
+    make_input,
+    read_stream,
+    run_to_end,
+    sink_latest,
+    state_totals,
+    write_files,
+)
+from tests.spark.processors import RunningCountSum
+
+pytestmark = pytest.mark.spark
+
+PARTITIONS = 5
+FILES = 3
+
+
+def _counts(spark: SparkSession, inp: Path, root: str, name: str, local: Path) -> DataFrame:
+    return transform_with_state(
+        read_stream(spark, inp), ["k"], RunningCountSum(), OUTPUT_SCHEMA, root, name,
+        PARTITIONS, config=StoreConfig(local_dir=str(local)),
+    )  # fmt: skip
+
+
+def test_coalesce_after_the_operator_keeps_exact_state(spark: SparkSession, tmp_path: Path) -> None:
+    """Three keys over five partitions, coalesced to one output task: every partition
+    commits every batch (the empty ones too), the state and sink equal a batch groupBy, and
+    each key's state sits in the partition Spark's own hash gives it."""
+    inp, root = tmp_path / "in", str(tmp_path / "state")
+    write_files(inp, make_input(seed=7, files=FILES, rows=12, keys=3))
+    out = _counts(spark, inp, root, "counts", tmp_path / "local").coalesce(1)
+    query = run_to_end(out, tmp_path / "out", tmp_path / "ck")
+    expected = batch_totals(spark, inp)
+    state = read_state(spark, root, "counts")
+    assert state_totals(state) == expected
+    assert sink_latest(spark, tmp_path / "out") == expected
+    with StateBackend(root, config=StoreConfig(local_dir=str(tmp_path / "l2"))) as backend:
+        assert {backend.versions("counts", p)[-1] for p in range(PARTITIONS)} == {FILES}
+    spark_partition = {
+        r["k"]: r["p"]
+        for r in spark.createDataFrame([(k,) for k in expected], "k string")
+        .select("k", F.pmod(F.hash("k"), F.lit(PARTITIONS)).alias("p"))
+        .collect()
+    }
+    assert {r["k"]: r["partition"] for r in state.collect()} == spark_partition
+    metrics = batch_metrics(root, "counts", FILES - 1, query_id=str(query.id))
+    assert metrics is not None
+    assert metrics.partitions_committed == PARTITIONS
+    assert metrics.rows_in == 12
+
+
+def test_union_of_two_operators_keeps_exact_state(spark: SparkSession, tmp_path: Path) -> None:
+    """Two operators on one root whose outputs are unioned (task ids of the second are
+    offset by the first's partition count): both states equal a batch groupBy."""
+    inp, root = tmp_path / "in", str(tmp_path / "state")
+    write_files(inp, make_input(seed=8, files=FILES, rows=12, keys=4))
+    first = _counts(spark, inp, root, "first", tmp_path / "local")
+    second = _counts(spark, inp, root, "second", tmp_path / "local")
+    run_to_end(first.union(second), tmp_path / "out", tmp_path / "ck")
+    expected = batch_totals(spark, inp)
+    assert state_totals(read_state(spark, root, "first")) == expected
+    assert state_totals(read_state(spark, root, "second")) == expected
+    rows = spark.read.parquet(str(tmp_path / "out")).count()
+    assert rows == 2 * sum(
+        len({k for k, _ in batch}) for batch in make_input(seed=8, files=FILES, rows=12, keys=4)
+    )
