@@ -8,7 +8,9 @@ import threading
 from collections import Counter
 from collections.abc import Iterable
 
+import statekeeper as sk
 from statekeeper.errors import StorageError, TransientStorageError
+from statekeeper.history import StoreHistory
 from statekeeper.storage import BlobMeta, BlobStore
 from statekeeper.storage._parallel import ParallelTransfers
 
@@ -121,3 +123,10 @@ class FaultyBlobStore(RecordingBlobStore):
         if self.kind == "transient":
             raise TransientStorageError(f"injected transient failure of {op} {key}")
         raise StorageError(f"injected permanent failure of {op} {key}")
+
+
+def store_history(backend: sk.StateBackend, operator: str, partition: int) -> StoreHistory:
+    """The store's history as its newest manifest states it (blob keys of every version)."""
+    meta = backend.root_metadata()
+    assert meta is not None
+    return StoreHistory.load(backend.blobs, operator, partition, root_id=meta.root_id)

@@ -11,7 +11,7 @@ import statekeeper as sk
 from statekeeper import layout
 from statekeeper.snapshot import SnapshotIndex, referenced_blob_ids
 from statekeeper.storage import BlobStore, LocalBlobStore
-from tests.blobstores import FaultyBlobStore, RecordingBlobStore, SimulatedCrash
+from tests.blobstores import FaultyBlobStore, RecordingBlobStore, SimulatedCrash, store_history
 
 
 def _value(v: int, k: int) -> bytes:
@@ -48,7 +48,8 @@ def _config(tmp: Path, name: str, **kwargs: object) -> sk.StoreConfig:
 def _referenced_files(blobs: BlobStore) -> set[str]:
     ids: set[str] = set()
     for meta in blobs.list(layout.snapshot_prefix("op", 0)):
-        ids |= referenced_blob_ids(SnapshotIndex.from_json(blobs.get(meta.key), blob=meta.key))
+        if meta.key.endswith(".index.json"):
+            ids |= referenced_blob_ids(SnapshotIndex.from_json(blobs.get(meta.key), blob=meta.key))
     return {layout.file_blob_key("op", 0, i) for i in ids}
 
 
@@ -60,6 +61,7 @@ def test_gc_on_300_versions_keeps_the_last_100_restorable(tmp_path: Path) -> Non
     writer._snapshotter.after_upload = None
     _commit_many(writer, 300)
     before = {m.key for m in writer.blobs.list("")}
+    before_history = store_history(writer, "op", 0)
     dry = writer.gc(dry_run=True)
     assert {m.key for m in writer.blobs.list("")} == before  # a dry run deletes nothing
     report = writer.gc()
@@ -68,11 +70,16 @@ def test_gc_on_300_versions_keeps_the_last_100_restorable(tmp_path: Path) -> Non
     assert sorted(report.deleted_keys) == sorted(dry.deleted_keys)
     assert store.deleted_blobs == dry.stores["op/0"].deleted_blobs > 200
     after = {m.key for m in writer.blobs.list("")}
-    assert after == before - set(report.deleted_keys)
-    assert layout.changelog_key("op", 0, 200) not in after
-    assert layout.changelog_key("op", 0, 201) in after
-    assert layout.snapshot_index_key("op", 0, 190) not in after
-    assert layout.snapshot_index_key("op", 0, 200) in after
+    newer = {k for k in after - before if layout.parse_manifest_key(k) is not None}
+    assert len(newer) == 1  # the manifest that moved the base
+    assert after - newer == before - set(report.deleted_keys)
+    history = store_history(writer, "op", 0)
+    assert before_history.changelog_key(200) not in after
+    assert history.changelog_key(201) in after
+    # snapshot 190 is retired: no longer named, its index and files kept for the grace period
+    assert 190 not in history.snapshots
+    assert before_history.index_key(190) in after
+    assert history.index_key(200) in after
     assert {k for k in after if "/files/" in k} == _referenced_files(writer.blobs)
     cold = sk.StateBackend(root, config=_config(tmp_path, "cold"))
     assert cold.versions("op", 0) == list(range(200, 301))
@@ -94,7 +101,11 @@ def test_orphans_are_deleted_only_after_the_ttl(tmp_path: Path) -> None:
     assert orphan not in backend.gc().deleted_keys
     assert backend.blobs.head(orphan).size == 14
     expired = sk.StateBackend(root, config=_config(tmp_path, "b", orphan_ttl_s=0))
-    assert expired.gc().deleted_keys == [orphan]
+    deleted = expired.gc().deleted_keys
+    assert orphan in deleted
+    # and manifests superseded for longer than the TTL, never the newest
+    assert all(layout.parse_manifest_key(k) is not None for k in deleted if k != orphan)
+    assert layout.manifest_key("op", 0, store_history(expired, "op", 0).manifest.seq) not in deleted  # type: ignore[union-attr]
     with expired.open("op", 0) as store:
         assert dict(store.scan()) == _expected(12)
 
@@ -190,7 +201,10 @@ def test_background_gc_runs_after_snapshots(tmp_path: Path) -> None:
     versions = backend.versions("op", 0)
     assert versions[0] >= 20
     assert versions[-1] == 30
-    assert layout.changelog_key("op", 0, 1) not in {m.key for m in backend.blobs.list("")}
+    assert not any(
+        layout.parse_attempt_changelog_key(m.key) == (1, m.key.split("-")[-1].split(".")[0])
+        for m in backend.blobs.list("")
+    )
 
 
 def test_gc_sweeps_temporary_files_of_local_puts_that_died(tmp_path: Path) -> None:

@@ -53,23 +53,23 @@ def test_commits_append_a_linear_chain_with_lineage() -> None:
 
 
 def test_a_newer_attempt_replaces_the_newest_version_until_something_is_built_on_it() -> None:
-    m = commit(commit(empty(), 0, "a", (1, 0, 0)), 1, "b", (1, 0, 0))
-    rerun = commit(m, 1, "b2", (1, 0, 1))  # a task retry of batch 1
+    m = commit(commit(empty(), 0, "a", (1, 0, 0, 0)), 1, "b", (1, 0, 0, 0))
+    rerun = commit(m, 1, "b2", (1, 0, 0, 1))  # a task retry of batch 1
     assert attempts(rerun) == [(1, "a", ""), (2, "b2", "a")]
-    fixed = commit(rerun, 1, "b3", (2, 0, 0))  # a fixed processor, restarted query
+    fixed = commit(rerun, 1, "b3", (2, 0, 0, 0))  # a fixed processor, restarted query
     assert attempts(fixed) == [(1, "a", ""), (2, "b3", "a")]
-    built = commit(fixed, 2, "c", (2, 0, 0))
+    built = commit(fixed, 2, "c", (2, 0, 0, 0))
     with pytest.raises(CommitConflictError, match="version 2 is final"):
-        commit(built, 1, "b4", (3, 0, 0))
+        commit(built, 1, "b4", (3, 0, 0, 0))
 
 
 def test_a_zombie_never_displaces_a_newer_attempt() -> None:
-    m = commit(commit(empty(), 0, "a", (1, 0, 0)), 1, "new", (1, 0, 1))
+    m = commit(commit(empty(), 0, "a", (1, 0, 0, 0)), 1, "new", (1, 0, 0, 1))
     with pytest.raises(CommitConflictError, match="zombie"):
-        decide(m, parent=1, attempt="old", order=(1, 0, 0))
+        decide(m, parent=1, attempt="old", order=(1, 0, 0, 0))
     with pytest.raises(CommitConflictError, match="zombie"):  # not even a new version
-        decide(m, parent=2, attempt="old", order=(1, 0, 0))
-    assert m.fence == (1, 0, 1)
+        decide(m, parent=2, attempt="old", order=(1, 0, 0, 0))
+    assert m.fence == (1, 0, 0, 1)
 
 
 def test_equal_orders_do_not_replace_each_other_but_a_retry_is_idempotent() -> None:
@@ -82,12 +82,12 @@ def test_equal_orders_do_not_replace_each_other_but_a_retry_is_idempotent() -> N
 
 
 def test_a_replaced_versions_snapshot_is_dropped() -> None:
-    m = commit(empty(), 0, "a", (1, 0, 0))
-    d = decide(m, parent=1, attempt="s", order=(1, 0, 0))
+    m = commit(empty(), 0, "a", (1, 0, 0, 0))
+    d = decide(m, parent=1, attempt="s", order=(1, 0, 0, 0))
     key = layout.attempt_snapshot_key("ops", 3, 2, "s")
-    m = apply(m, d, attempt="s", order=(1, 0, 0), kind="snapshot", blob=key, now_ms=1)
+    m = apply(m, d, attempt="s", order=(1, 0, 0, 0), kind="snapshot", blob=key, now_ms=1)
     assert [s.version for s in m.snapshots] == [2]
-    m = commit(m, 1, "t", (1, 0, 1))
+    m = commit(m, 1, "t", (1, 0, 0, 1))
     assert m.snapshots == ()
     assert [e.version for e in chain(m, 2)] == [1, 2]
 
@@ -105,7 +105,7 @@ def test_chain_starts_at_the_newest_snapshot_at_or_below_the_version() -> None:
 
 
 def test_encoding_round_trips_and_every_byte_is_checked() -> None:
-    m = commit(commit(empty(), 0, "a", (3, 1, 2)), 1, "b", (3, 1, 2))
+    m = commit(commit(empty(), 0, "a", (3, 5, 1, 2)), 1, "b", (3, 5, 1, 2))
     data = encode_manifest(m)
     key = layout.manifest_key("ops", 3, m.seq)
     assert decode_manifest(data, blob=key, root_id=ROOT, operator="ops", partition=3) == m
@@ -200,7 +200,7 @@ def test_any_history_keeps_one_linear_chain_and_never_lets_an_older_order_win(
     m = empty()
     for i, (back, generation) in enumerate(steps):
         parent = max(0, m.latest - back)
-        order: Order = (generation, 0, i)
+        order: Order = (generation, 0, 0, i)
         before = m
         try:
             m = commit(m, parent, f"t{i}", order)

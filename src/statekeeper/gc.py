@@ -20,10 +20,26 @@ retain_versions + 1``:
 
 Deletion order makes a crash at any point harmless: indexes and changelogs go first, so no
 listed snapshot ever references a deleted file.
+
+A store with manifests (format 2) is collected from its newest manifest, never from what a
+listing suggests (a listing is not atomic: commits and snapshots land between its pages):
+
+* the new base is the newest registered snapshot at or below ``oldest``, adopted only after
+  its index and every file it names were checked to exist; a new manifest records it (if
+  another writer wrote one first, the base stays for this run);
+* kept: every blob the authority names (changelogs, snapshot indexes and their files), the
+  files of snapshots it *retired* less than ``orphan_ttl_s`` ago (an upload that read an older
+  manifest may reuse them), and every blob younger than ``orphan_ttl_s`` (uploads in flight,
+  commits newer than the manifest read);
+* a manifest is deleted once its successor is older than ``orphan_ttl_s`` (a reader that
+  listed the manifests may still be reading it); the newest is never deleted;
+* everything else of the store (losing attempts, unregistered snapshots, format-1 blobs the
+  authority no longer names) is deleted once older than ``orphan_ttl_s``.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import defaultdict
@@ -32,15 +48,22 @@ from dataclasses import dataclass, field
 
 from statekeeper import layout
 from statekeeper.config import StoreConfig
-from statekeeper.errors import StateKeeperError, StateNotFoundError
+from statekeeper.errors import CommitConflictError, StateKeeperError, StateNotFoundError
 from statekeeper.history import StoreHistory
-from statekeeper.snapshot import load_index, referenced_blob_ids
+from statekeeper.manifest import (
+    StoreManifest,
+    read_newest_manifest,
+    with_base,
+    write_manifest,
+)
+from statekeeper.snapshot import SnapshotIndex, load_index, referenced_blob_ids
 from statekeeper.storage import BlobMeta, BlobStore
 
 __all__ = ["GcReport", "StoreGc", "collect_garbage"]
 
 _log = logging.getLogger("statekeeper.gc")
 _MIN_TEMP_AGE_S = 3600.0
+_ADVANCE_TRIES = 5
 
 
 @dataclass
@@ -93,6 +116,7 @@ def collect_garbage(
     busy: frozenset[tuple[str, int]] = frozenset(),
     budget_s: float | None = None,
     now: float | None = None,
+    root_id: str = "",
 ) -> GcReport:
     """Collect garbage in every store of ``operators`` (or only the store ``only``).
 
@@ -106,6 +130,7 @@ def collect_garbage(
             blobs are kept whatever their age.
         budget_s: stop visiting further stores after this many seconds.
         now: the current time (seconds since the epoch), for tests.
+        root_id: the root's id (manifests of another root are refused).
 
     Raises:
         StorageError: a listing or a delete failed (what was deleted stays deleted; a
@@ -119,9 +144,14 @@ def collect_garbage(
             if budget_s is not None and time.monotonic() - started > budget_s:
                 report.complete = False
                 break
-            store_report, doomed = _plan_store(
-                blobs, config, operator, partition, metas, now, (operator, partition) in busy
-            )
+            is_busy = (operator, partition) in busy
+            if any(layout.parse_manifest_key(m.key) is not None for m in metas):
+                where = _Store(blobs, config, operator, partition, root_id, now, dry_run)
+                store_report, doomed = _plan_manifest_store(where, metas, is_busy)
+            else:
+                store_report, doomed = _plan_store(
+                    blobs, config, operator, partition, metas, now, is_busy
+                )
             report.stores[store_report.store] = store_report
             if not dry_run:
                 _delete_in_order(blobs, doomed)
@@ -222,6 +252,179 @@ def _plan_store(
             report.kept_blobs += 1
             report.kept_bytes += m.size
     return report, _ordered(doomed_keys)
+
+
+@dataclass(frozen=True)
+class _Store:
+    blobs: BlobStore
+    config: StoreConfig
+    operator: str
+    partition: int
+    root_id: str
+    now: float
+    dry_run: bool
+
+
+def _plan_manifest_store(
+    st: _Store, metas: list[BlobMeta], busy: bool
+) -> tuple[StoreGc, list[str]]:
+    """Decide what to delete in a format-2 store, from its newest manifest."""
+    report = StoreGc(store=f"{st.operator}/{st.partition}")
+    try:
+        manifest = read_newest_manifest(
+            st.blobs, root_id=st.root_id, operator=st.operator, partition=st.partition,
+            keys=[m.key for m in metas],
+        )  # fmt: skip
+        assert manifest is not None  # the caller saw a manifest key
+        manifest = _advance_base(st, manifest, metas)
+        protected = _protected(st, manifest)
+    except StateKeeperError as exc:
+        report.skipped = f"its manifest or a snapshot it names cannot be read: {exc}"
+        _log.warning("gc skipped store %s: %s", report.store, exc)
+        return report, []
+    report.latest, report.base = manifest.latest, manifest.base
+    report.oldest_retained = max(manifest.base, manifest.latest - st.config.retain_versions + 1)
+    old = st.now - st.config.orphan_ttl_s
+    superseded = _superseded(st, metas, old)
+    doomed: list[BlobMeta] = []
+    for m in metas:
+        if layout.parse_metrics_key(m.key) is not None:
+            if layout.parse_metrics_key(m.key) < report.oldest_retained:  # type: ignore[operator]
+                doomed.append(m)
+            continue
+        if layout.parse_manifest_key(m.key) is not None:
+            if m.key in superseded:
+                doomed.append(m)
+            continue
+        if m.key in protected or busy:
+            continue
+        if m.last_modified <= old or _expired_version(m.key, manifest.base):
+            doomed.append(m)
+    doomed_keys = {m.key for m in doomed}
+    for m in metas:
+        if m.key in doomed_keys:
+            report.deleted_blobs += 1
+            report.deleted_bytes += m.size
+        else:
+            report.kept_blobs += 1
+            report.kept_bytes += m.size
+    return report, _ordered(doomed_keys)
+
+
+def _expired_version(key: str, base: int) -> bool:
+    """Whether ``key`` is a changelog or snapshot index of a version the store no longer
+    retains (at or below the base; an index of the base itself is named if it is kept):
+    deleted at once, as format 1 did; the files of such a snapshot wait out the grace."""
+    parsed = layout.parse_attempt_changelog_key(key) or layout.parse_attempt_snapshot_key(key)
+    version = parsed[0] if parsed is not None else None
+    if version is None:
+        version = layout.parse_changelog_key(key)
+    if version is None and (v := layout.parse_snapshot_key(key)) is not None:
+        version = v
+    return version is not None and version <= base
+
+
+def _advance_base(st: _Store, manifest: StoreManifest, metas: list[BlobMeta]) -> StoreManifest:
+    """The authority after moving the base up to the newest complete snapshot at or below
+    the oldest retained version (the manifest as it is if there is none, or if writers kept
+    winning the next sequence number)."""
+    present = {m.key for m in metas}
+    checked: set[str] = set()
+    for _ in range(_ADVANCE_TRIES):
+        base = _new_base(st, manifest, present, checked)
+        if base is None:
+            return manifest
+        now_ms = int(st.now * 1000)
+        forget = int((st.now - st.config.orphan_ttl_s) * 1000)
+        advanced = with_base(manifest, base, now_ms=now_ms, forget_before_ms=forget)
+        if st.dry_run:
+            return advanced
+        try:
+            write_manifest(st.blobs, advanced)
+        except CommitConflictError:
+            # A commit or a snapshot won the sequence number: decide again on the newest.
+            newest = read_newest_manifest(
+                st.blobs, root_id=st.root_id, operator=st.operator, partition=st.partition
+            )
+            assert newest is not None
+            manifest = newest
+            continue
+        return advanced
+    return manifest
+
+
+def _new_base(
+    st: _Store, manifest: StoreManifest, present: set[str], checked: set[str]
+) -> int | None:
+    """The newest snapshot at or below the oldest retained version whose index and files
+    all exist (``checked``: index keys found complete already), if it is above the base."""
+    oldest = max(manifest.base, manifest.latest - st.config.retain_versions + 1)
+    candidates = [s for s in manifest.snapshots if manifest.base < s.version <= oldest]
+    for snap in reversed(candidates):
+        if snap.index_blob in checked:
+            return snap.version
+        try:
+            index = load_index(
+                st.blobs, st.operator, st.partition, snap.version, key=snap.index_blob
+            )
+        except StateKeeperError as exc:
+            _log.warning("gc: snapshot %s is unusable as a base: %s", snap.index_blob, exc)
+            continue
+        files = _file_keys(st, index)
+        if not files <= present:
+            # Files uploaded after the listing are not in it: such a snapshot waits a run.
+            _log.info(
+                "gc: snapshot %s is not a base yet: %d of its files are not in the listing",
+                snap.index_blob, len(files - present),
+            )  # fmt: skip
+            continue
+        checked.add(snap.index_blob)
+        return snap.version
+    return None
+
+
+def _protected(st: _Store, manifest: StoreManifest) -> set[str]:
+    """Keys of every blob the authority names, and of files of recently retired snapshots.
+
+    Raises:
+        StateKeeperError: a named or recently retired snapshot index cannot be read.
+    """
+    keys = {e.blob for e in manifest.versions}
+    keys |= {s.index_blob for s in manifest.snapshots}
+    old_ms = (st.now - st.config.orphan_ttl_s) * 1000
+    indexes = [(s.version, s.index_blob) for s in manifest.snapshots]
+    for retired in manifest.retired:
+        if retired.time_ms >= old_ms:
+            keys.add(retired.index_blob)
+            parsed = layout.parse_attempt_snapshot_key(retired.index_blob)
+            found = (
+                parsed[0] if parsed is not None else layout.parse_snapshot_key(retired.index_blob)
+            )
+            if found is not None:
+                indexes.append((found, retired.index_blob))
+    for version, key in indexes:
+        try:
+            index = load_index(st.blobs, st.operator, st.partition, version, key=key)
+        except StateNotFoundError:
+            continue  # deleted already: nothing of it to keep
+        keys |= _file_keys(st, index)
+    return keys
+
+
+def _file_keys(st: _Store, index: SnapshotIndex) -> set[str]:
+    return {layout.file_blob_key(st.operator, st.partition, b) for b in referenced_blob_ids(index)}
+
+
+def _superseded(st: _Store, metas: list[BlobMeta], old: float) -> set[str]:
+    """Manifests whose successor was written before ``old`` (never the newest)."""
+    manifests = sorted(
+        (seq, m) for m in metas if (seq := layout.parse_manifest_key(m.key)) is not None
+    )
+    return {
+        m.key
+        for (_, m), (_, successor) in itertools.pairwise(manifests)
+        if successor.last_modified <= old
+    }
 
 
 def _referenced(blobs: BlobStore, operator: str, partition: int, versions: list[int]) -> set[str]:

@@ -1,10 +1,16 @@
 """Which versions of a store exist in the blob store, and how to rebuild one of them.
 
-The history of a store is derived here and nowhere else: from a listing of the store
-(:meth:`StoreHistory.load`) or from one listing of the whole root (:class:`RootListing`).
+The history of a store is derived here and nowhere else (:meth:`StoreHistory.load`, or one
+listing of the whole root with :class:`RootListing`). A store written by format 2 has a
+manifest chain (:mod:`statekeeper.manifest`): its newest manifest is the one authority, and
+names the blob of every retained version and every restorable snapshot. A store written by
+format 1 (statekeeper 0.1) has none: its history is derived from the names of its changelogs
+and snapshot indexes, as 0.1 did, until its first format-2 commit writes a manifest
+(:meth:`StoreHistory.as_manifest`).
 
 A version ``v`` is restorable when some base — the empty store (version 0), a snapshot, or a
-local working copy — is at ``b <= v`` and the changelogs ``b+1 .. v`` all exist.
+local working copy holding the same attempt — is at ``b <= v`` and the changelogs
+``b+1 .. v`` all exist.
 """
 
 from __future__ import annotations
@@ -14,6 +20,14 @@ from dataclasses import dataclass, field
 
 from statekeeper import layout
 from statekeeper.errors import StateKeeperError, StateNotFoundError
+from statekeeper.manifest import (
+    LEGACY_ATTEMPT,
+    PLAIN_ORDER,
+    SnapshotEntry,
+    StoreManifest,
+    VersionEntry,
+    read_newest_manifest,
+)
 from statekeeper.snapshot import iter_files, load_index
 from statekeeper.storage import BlobMeta, BlobStore
 
@@ -26,17 +40,22 @@ class RootListing:
     that would otherwise list each store (``info``, ``stats``, ``versions``)."""
 
     blobs: list[BlobMeta]
+    source: BlobStore | None = None
+    """The blob store listed (to read manifests); ``None``: format 1 names only."""
+    root_id: str = ""
     stores: dict[tuple[str, int], list[BlobMeta]] = field(default_factory=dict)
     epochs: list[int] = field(default_factory=list)
+    _histories: dict[tuple[str, int], StoreHistory] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def of(cls, blobs: BlobStore) -> RootListing:
-        """List ``blobs`` once and group the keys.
+    def of(cls, blobs: BlobStore, *, root_id: str = "") -> RootListing:
+        """List ``blobs`` once and group the keys; ``root_id`` (the root metadata's) checks
+        the manifests read later.
 
         Raises:
             StorageError: the listing failed.
         """
-        listing = cls(blobs.list(""))
+        listing = cls(blobs.list(""), blobs, root_id)
         for meta in listing.blobs:
             store = layout.parse_store_key(meta.key)
             if store is not None:
@@ -69,23 +88,36 @@ class RootListing:
         Raises:
             StateNotFoundError: ``version`` is not restorable.
         """
-        plan = self.history(operator, partition).plan(version, None)
+        history = self.history(operator, partition)
+        plan = history.plan(version, None)
         sizes = self.sizes(operator, partition)
-        total = sum(sizes.get(layout.changelog_key(operator, partition, v), 0) for v in plan.replay)
+        total = sum(sizes.get(history.changelog_key(v), 0) for v in plan.replay)
         if plan.base_kind == "snapshot":
+            key = history.index_key(plan.base)
             try:
-                index = load_index(blobs, operator, partition, plan.base)
+                index = load_index(blobs, operator, partition, plan.base, key=key)
             except StateKeeperError:
                 return None
-            total += sizes.get(layout.snapshot_index_key(operator, partition, plan.base), 0)
+            total += sizes.get(key, 0)
             total += sum(f.size_in_bytes for _, f in iter_files(index.dir_index))
         return total
 
     def history(self, operator: str, partition: int) -> StoreHistory:
-        """The committed versions of one store, as :meth:`StoreHistory.load` would list them."""
-        return StoreHistory.from_keys(
-            operator, partition, (m.key for m in self.metas(operator, partition))
-        )
+        """The committed versions of one store, as :meth:`StoreHistory.load` would find them
+        (reads the store's newest manifest, if it has one; once per store).
+
+        Raises:
+            CorruptStateError: no manifest of the store is readable.
+            StorageError: reading the manifest failed.
+        """
+        found = self._histories.get((operator, partition))
+        if found is None:
+            keys = [m.key for m in self.metas(operator, partition)]
+            found = StoreHistory.from_keys(
+                operator, partition, keys, blobs=self.source, root_id=self.root_id
+            )
+            self._histories[(operator, partition)] = found
+        return found
 
 
 @dataclass(frozen=True)
@@ -104,20 +136,37 @@ class RestorePlan:
 
 @dataclass(frozen=True)
 class StoreHistory:
-    """The committed versions of one store, as listed from the blob store."""
+    """The committed versions of one store: from its newest manifest (format 2), or from the
+    names of its blobs (format 1, ``manifest`` is ``None``)."""
 
     operator: str
     partition: int
     changelogs: frozenset[int]
     snapshots: frozenset[int] = frozenset()
+    manifest: StoreManifest | None = None
+    empty_base: bool | None = None
+    """Whether the empty store (version 0) is a base; ``None``: derived as format 1 does."""
+    keys: dict[int, str] = field(default_factory=dict, compare=False)
+    """Version -> changelog blob key, where it is not format 1's name."""
+    index_keys: dict[int, str] = field(default_factory=dict, compare=False)
+    """Version -> snapshot index key, where it is not format 1's name."""
+    attempts: dict[int, str] = field(default_factory=dict, compare=False)
+    """Version -> the attempt whose content it is (format 1: :data:`LEGACY_ATTEMPT`)."""
 
     @classmethod
-    def load(cls, blobs: BlobStore, operator: str, partition: int) -> StoreHistory:
-        """List the store's changelogs and snapshot indexes (not its many file blobs).
+    def load(cls, blobs: BlobStore, operator: str, partition: int, *, root_id: str) -> StoreHistory:
+        """The store's newest manifest (one listing, one read) or, for a store without one,
+        a listing of its changelogs and snapshot indexes (not its many file blobs).
 
         Raises:
-            StorageError: a listing failed.
+            CorruptStateError: the store has manifests and none is readable.
+            StorageError: a listing or read failed.
         """
+        manifest = read_newest_manifest(
+            blobs, root_id=root_id, operator=operator, partition=partition
+        )
+        if manifest is not None:
+            return cls.from_manifest(manifest)
         metas = [
             *blobs.list(layout.changelog_prefix(operator, partition)),
             *blobs.list(layout.snapshot_prefix(operator, partition)),
@@ -125,8 +174,29 @@ class StoreHistory:
         return cls.from_keys(operator, partition, (m.key for m in metas))
 
     @classmethod
-    def from_keys(cls, operator: str, partition: int, keys: Iterable[str]) -> StoreHistory:
-        """The history the blob keys ``keys`` of one store describe (other keys ignored)."""
+    def from_keys(
+        cls,
+        operator: str,
+        partition: int,
+        keys: Iterable[str],
+        *,
+        blobs: BlobStore | None = None,
+        root_id: str = "",
+    ) -> StoreHistory:
+        """The history the blob keys ``keys`` of one store describe (other keys ignored);
+        with ``blobs``, a store with manifests is read from its newest one.
+
+        Raises:
+            CorruptStateError: the store has manifests and none is readable.
+            StorageError: reading a manifest failed.
+        """
+        keys = list(keys)
+        if blobs is not None:
+            manifest = read_newest_manifest(
+                blobs, root_id=root_id, operator=operator, partition=partition, keys=keys
+            )
+            if manifest is not None:
+                return cls.from_manifest(manifest)
         changelogs: set[int] = set()
         snapshots: set[int] = set()
         for key in keys:
@@ -136,6 +206,79 @@ class StoreHistory:
                 snapshots.add(v)
         return cls(operator, partition, frozenset(changelogs), frozenset(snapshots))
 
+    @classmethod
+    def from_manifest(cls, manifest: StoreManifest) -> StoreHistory:
+        """The history one manifest states."""
+        entries = manifest.versions
+        snapshots = {s.version: s for s in manifest.snapshots}
+        attempts = {e.version: e.attempt for e in entries}
+        attempts.update({v: s.attempt for v, s in snapshots.items() if v not in attempts})
+        return cls(
+            manifest.operator,
+            manifest.partition,
+            frozenset(e.version for e in entries if e.kind == "changelog"),
+            frozenset(snapshots),
+            manifest=manifest,
+            empty_base=manifest.base == 0,
+            keys={e.version: e.blob for e in entries if e.kind == "changelog"},
+            index_keys={v: s.index_blob for v, s in snapshots.items()},
+            attempts=attempts,
+        )
+
+    def changelog_key(self, version: int) -> str:
+        """The key of the changelog of ``version``."""
+        key = self.keys.get(version)
+        return key or layout.changelog_key(self.operator, self.partition, version)
+
+    def index_key(self, version: int) -> str:
+        """The key of the snapshot index of ``version``."""
+        key = self.index_keys.get(version)
+        return key or layout.snapshot_index_key(self.operator, self.partition, version)
+
+    def attempt(self, version: int) -> str:
+        """The attempt whose content ``version`` is (``""`` for the empty store)."""
+        if version == 0:
+            return ""
+        # A version a manifest does not retain has no known attempt: no local copy matches.
+        return self.attempts.get(version, LEGACY_ATTEMPT if self.manifest is None else "")
+
+    def as_manifest(self, root_id: str) -> StoreManifest:
+        """The manifest a store's first format-2 commit builds on: this history's own, or,
+        for a format-1 store, seq 0 stating the same versions (never written as such: the
+        commit writes seq 1 with its own entry added).
+
+        Raises:
+            StateNotFoundError: the format-1 store has no restorable version.
+        """
+        if self.manifest is not None:
+            return self.manifest
+        empty = StoreManifest(0, root_id, self.operator, self.partition)
+        if not (self.changelogs or self.snapshots):
+            return empty
+        latest = self.latest()
+        base = self.plan(latest, None).base
+        versions = tuple(
+            VersionEntry(
+                version=v,
+                attempt=LEGACY_ATTEMPT,
+                order=PLAIN_ORDER,
+                kind="changelog" if v in self.changelogs else "snapshot",
+                blob=self.changelog_key(v) if v in self.changelogs else self.index_key(v),
+                parent_attempt="" if v == 1 else LEGACY_ATTEMPT,
+                committed_time_ms=0,
+            )
+            for v in range(base + 1, latest + 1)
+        )
+        snapshots = tuple(
+            SnapshotEntry(v, LEGACY_ATTEMPT, self.index_key(v))
+            for v in sorted(self.snapshots)
+            if base <= v <= latest
+        )
+        return StoreManifest(
+            0, root_id, self.operator, self.partition, base=base, versions=versions,
+            snapshots=snapshots,
+        )  # fmt: skip
+
     @property
     def newest_snapshot(self) -> int | None:
         """The newest snapshot version, if any."""
@@ -144,7 +287,10 @@ class StoreHistory:
     def _bases(self) -> list[int]:
         """Versions a rebuild can start from without a local copy."""
         bases = set(self.snapshots)
-        if 1 in self.changelogs or not (self.changelogs or self.snapshots):
+        if self.empty_base is None:
+            if 1 in self.changelogs or not (self.changelogs or self.snapshots):
+                bases.add(0)
+        elif self.empty_base:
             bases.add(0)
         return sorted(bases)
 
@@ -176,20 +322,25 @@ class StoreHistory:
             )
         return versions[-1]
 
-    def plan(self, version: int, local_version: int | None) -> RestorePlan:
-        """The cheapest way to bring a copy at ``local_version`` to ``version``.
+    def plan(self, version: int, local: tuple[int, str] | None) -> RestorePlan:
+        """The cheapest way to bring a copy holding ``local`` (version, attempt) to ``version``.
 
         The base is the newest of: the local copy, a snapshot, the empty store — among those
         at or below ``version`` from which the changelogs reach it; on a tie the local copy
-        wins (nothing to download). A local copy ahead of ``version`` is never used: it holds
-        changes of later commits.
+        wins (nothing to download). A local copy is used only if it holds the attempt that
+        is the authority for its version (after a re-run replaced it, it holds content that
+        lost); one ahead of ``version`` is never used: it holds changes of later commits.
 
         Raises:
             StateNotFoundError: ``version`` was never committed or is no longer restorable.
         """
         candidates: list[tuple[int, int, str]] = []
-        if local_version is not None and local_version <= version <= self._chain_end(local_version):
-            candidates.append((local_version, 2, "local"))
+        if (
+            local is not None
+            and local[1] == self.attempt(local[0])
+            and local[0] <= version <= self._chain_end(local[0])
+        ):
+            candidates.append((local[0], 2, "local"))
         for base in self._bases():
             if base <= version <= self._chain_end(base):
                 candidates.append((base, 1, "snapshot" if base in self.snapshots else "empty"))

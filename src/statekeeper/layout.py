@@ -187,6 +187,28 @@ def attempt_snapshot_key(operator: str, partition: int, version: int, attempt: s
     )
 
 
+def parse_attempt_snapshot_key(key: str) -> tuple[int, str] | None:
+    """(version, attempt) of a format-2 snapshot index key, or ``None`` if it is not one."""
+    return _parse_attempt(key, "/snapshot/", _INDEX_SUFFIX)
+
+
+def parse_attempt_changelog_key(key: str) -> tuple[int, str] | None:
+    """(version, attempt) of a format-2 changelog key, or ``None`` if it is not one."""
+    return _parse_attempt(key, "/changelog/", _CHANGELOG_SUFFIX)
+
+
+def _parse_attempt(key: str, infix: str, suffix: str) -> tuple[int, str] | None:
+    head, sep, tail = key.rpartition(infix)
+    if not sep or head.count("/") != 1 or not tail.endswith(suffix):
+        return None
+    digits, dash, attempt = tail[: -len(suffix)].partition("-")
+    if not dash or len(digits) != _DIGITS or not digits.isdigit():
+        return None
+    if not _ATTEMPT_RE.fullmatch(attempt):
+        return None
+    return int(digits), attempt
+
+
 def validate_attempt(attempt: object) -> str:
     """Return ``attempt`` if it is a valid attempt id (1-64 letters, digits, ``_``).
 

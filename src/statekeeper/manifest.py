@@ -12,9 +12,9 @@ replaced (SlateDB's manifest fencing, with the store's blob store as the only co
 * A commit writes its changelog (or snapshot index), then manifest ``seq + 1`` naming it.
   Two writers racing for ``seq + 1`` cannot both succeed (create-only): the loser reads the
   newest manifest again and decides anew with :func:`decide`.
-* **Attempt order.** Each attempt carries an order, ``(generation, stage attempt, task
+* **Attempt order.** Each attempt carries an order, ``(generation, stage id, stage attempt, task
   attempt)``: the generation is bumped when a query (re)starts, the rest are Spark's attempt
-  numbers; the plain store API uses ``(0, 0, 0)``. A manifest records the highest order that
+  numbers; the plain store API uses ``(0, 0, 0, 0)``. A manifest records the highest order that
   ever wrote it (``fence``): an older attempt (a zombie) is refused before it writes
   anything, so it can never displace a newer one.
 * **Re-runs.** A newer attempt that loads version ``v - 1`` and commits ``v`` *replaces*
@@ -55,9 +55,11 @@ from statekeeper.storage import BlobStore
 
 __all__ = [
     "FORMAT_VERSION",
+    "LEGACY_ATTEMPT",
     "PLAIN_ORDER",
     "Decision",
     "Order",
+    "RetiredSnapshot",
     "SnapshotEntry",
     "StoreManifest",
     "VersionEntry",
@@ -67,6 +69,8 @@ __all__ = [
     "decode_manifest",
     "encode_manifest",
     "read_newest_manifest",
+    "with_base",
+    "with_snapshot",
     "write_manifest",
 ]
 
@@ -74,11 +78,19 @@ FORMAT_VERSION = 2
 _FORMAT_NAME = "statekeeper.store-manifest"
 _log = logging.getLogger("statekeeper.manifest")
 
-Order = tuple[int, int, int]
-"""(generation, stage attempt, task attempt): higher is newer."""
+Order = tuple[int, int, int, int]
+"""(generation, stage id, stage attempt, task attempt): higher is newer. In the Spark layer the
+generation is bumped by compare-and-swap on the root when a query (re)starts, and the rest are
+Spark's numbers: stage ids grow within an application, so a second action over the same
+micro-batch (``foreachBatch``) is newer than the first, a stage retry newer than the attempt
+it retries, a task retry newer than the task."""
 
-PLAIN_ORDER: Order = (0, 0, 0)
+PLAIN_ORDER: Order = (0, 0, 0, 0)
 """The order of writers of the plain store API (no attempt numbers)."""
+
+LEGACY_ATTEMPT = "format1"
+"""The attempt id of versions written by format 1 (statekeeper 0.1), once a manifest names
+them: format 1 had no attempts, and each version had one blob named by version alone."""
 
 Kind = Literal["changelog", "snapshot"]
 
@@ -118,6 +130,16 @@ class SnapshotEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class RetiredSnapshot:
+    """A snapshot the manifest stopped naming (expired by GC, or of a replaced version) at
+    ``time_ms``: GC keeps its files for ``orphan_ttl_s`` after that, since an upload that
+    read an older manifest may be reusing them."""
+
+    index_blob: str
+    time_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class StoreManifest:
     """One manifest of a store: its retained chain of versions and restorable snapshots.
 
@@ -131,6 +153,7 @@ class StoreManifest:
             version of a snapshot in ``snapshots``; versions at or below it are not retained.
         versions: entries ``base + 1 .. latest``, ascending and contiguous.
         snapshots: restorable snapshots, ascending by version.
+        retired: snapshots no longer named, with when they stopped being named.
     """
 
     seq: int
@@ -141,6 +164,7 @@ class StoreManifest:
     base: int = 0
     versions: tuple[VersionEntry, ...] = ()
     snapshots: tuple[SnapshotEntry, ...] = field(default=())
+    retired: tuple[RetiredSnapshot, ...] = field(default=())
 
     @property
     def latest(self) -> int:
@@ -243,9 +267,13 @@ def apply(
     if decision.action == "done":
         raise ValueError("the commit is already the authority: nothing to apply")
     version = decision.version
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     kept = tuple(e for e in manifest.versions if e.version < version)
     # A replaced version's snapshots describe the content that lost: drop them.
     snapshots = tuple(s for s in manifest.snapshots if s.version < version)
+    retired = manifest.retired + tuple(
+        RetiredSnapshot(s.index_blob, now_ms) for s in manifest.snapshots if s.version >= version
+    )
     entry = VersionEntry(
         version=version,
         attempt=layout.validate_attempt(attempt),
@@ -253,7 +281,7 @@ def apply(
         kind=kind,
         blob=blob,
         parent_attempt=manifest.attempt_of(version - 1),
-        committed_time_ms=int(time.time() * 1000) if now_ms is None else now_ms,
+        committed_time_ms=now_ms,
     )
     if kind == "snapshot":
         snapshots += (SnapshotEntry(version, attempt, blob),)
@@ -263,6 +291,7 @@ def apply(
         fence=max(manifest.fence, order),
         versions=(*kept, entry),
         snapshots=snapshots,
+        retired=retired,
     )
 
 
@@ -295,6 +324,7 @@ def _body(m: StoreManifest) -> dict[str, Any]:
             {"version": s.version, "attempt": s.attempt, "indexBlob": s.index_blob}
             for s in m.snapshots
         ],
+        "retired": [{"indexBlob": r.index_blob, "timeMs": r.time_ms} for r in m.retired],
     }
 
 
@@ -350,8 +380,8 @@ def decode_manifest(
 
 
 def _order(value: Any) -> Order:
-    a, b, c = (int(x) for x in value)
-    return (a, b, c)
+    a, b, c, d = (int(x) for x in value)
+    return (a, b, c, d)
 
 
 def _from_doc(doc: dict[str, Any]) -> StoreManifest:
@@ -378,6 +408,7 @@ def _from_doc(doc: dict[str, Any]) -> StoreManifest:
         SnapshotEntry(int(s["version"]), str(s["attempt"]), str(s["indexBlob"]))
         for s in doc["snapshots"]
     )
+    retired = tuple(RetiredSnapshot(str(r["indexBlob"]), int(r["timeMs"])) for r in doc["retired"])
     return StoreManifest(
         seq=int(doc["seq"]),
         root_id=str(doc["rootId"]),
@@ -387,6 +418,7 @@ def _from_doc(doc: dict[str, Any]) -> StoreManifest:
         base=base,
         versions=versions,
         snapshots=snapshots,
+        retired=retired,
     )
 
 
@@ -394,10 +426,16 @@ def _from_doc(doc: dict[str, Any]) -> StoreManifest:
 
 
 def read_newest_manifest(
-    blobs: BlobStore, *, root_id: str, operator: str, partition: int
+    blobs: BlobStore,
+    *,
+    root_id: str,
+    operator: str,
+    partition: int,
+    keys: Sequence[str] | None = None,
 ) -> StoreManifest | None:
     """The newest readable manifest of a store; ``None`` if the store has none (a new store,
-    or one written by format 1).
+    or one written by format 1). ``keys``: the store's blob keys if already listed (any
+    order; other keys are ignored), saving a listing.
 
     A newest manifest that fails its checks is skipped with a WARNING naming it, and the one
     before it is used: it describes a consistent, older state of the store (the damaged one
@@ -407,10 +445,13 @@ def read_newest_manifest(
         CorruptStateError: every manifest of the store fails its checks.
         StorageError: listing or reading failed.
     """
+    if keys is None:
+        keys = [m.key for m in blobs.list(layout.manifest_prefix(operator, partition))]
+    prefix = layout.manifest_prefix(operator, partition)
     seqs = sorted(
-        (seq, m.key)
-        for m in blobs.list(layout.manifest_prefix(operator, partition))
-        if (seq := layout.parse_manifest_key(m.key)) is not None
+        (seq, key)
+        for key in keys
+        if key.startswith(prefix) and (seq := layout.parse_manifest_key(key)) is not None
     )
     errors: list[str] = []
     for _, key in reversed(seqs):
@@ -442,6 +483,52 @@ def write_manifest(blobs: BlobStore, manifest: StoreManifest) -> str:
     key = layout.manifest_key(manifest.operator, manifest.partition, manifest.seq)
     blobs.put(key, encode_manifest(manifest))
     return key
+
+
+def with_snapshot(manifest: StoreManifest, snapshot: SnapshotEntry) -> StoreManifest | None:
+    """The next manifest with ``snapshot`` registered; ``None`` if it must not be: the
+    snapshot's version is not retained, its content is not that version's (another attempt
+    won it since), or a snapshot of that version is already registered."""
+    version = snapshot.version
+    if version < manifest.base or version > manifest.latest:
+        return None
+    try:
+        if manifest.attempt_of(version) != snapshot.attempt:
+            return None
+    except StateNotFoundError:
+        return None
+    if any(s.version == version for s in manifest.snapshots):
+        return None
+    snapshots = tuple(sorted((*manifest.snapshots, snapshot), key=lambda s: s.version))
+    return replace(manifest, seq=manifest.seq + 1, snapshots=snapshots)
+
+
+def with_base(
+    manifest: StoreManifest, base: int, *, now_ms: int, forget_before_ms: int
+) -> StoreManifest:
+    """The next manifest with versions at or below ``base`` no longer retained: ``base``
+    must be 0 or a registered snapshot's version (the restore starts there). Snapshots
+    before it are retired at ``now_ms``; retired ones older than ``forget_before_ms`` are
+    forgotten (their grace period is over).
+
+    Raises:
+        ValueError: ``base`` is not a registered snapshot within the manifest's versions.
+    """
+    if base != manifest.base and not any(s.version == base for s in manifest.snapshots):
+        raise ValueError(f"version {base} has no registered snapshot to be a base")
+    if not manifest.base <= base <= manifest.latest:
+        raise ValueError(f"base {base} is outside {manifest.base}..{manifest.latest}")
+    retired = tuple(r for r in manifest.retired if r.time_ms >= forget_before_ms) + tuple(
+        RetiredSnapshot(s.index_blob, now_ms) for s in manifest.snapshots if s.version < base
+    )
+    return replace(
+        manifest,
+        seq=manifest.seq + 1,
+        base=base,
+        versions=tuple(e for e in manifest.versions if e.version > base),
+        snapshots=tuple(s for s in manifest.snapshots if s.version >= base),
+        retired=retired,
+    )
 
 
 def chain(manifest: StoreManifest, version: int) -> Sequence[VersionEntry]:

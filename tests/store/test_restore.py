@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 import statekeeper as sk
 from statekeeper import layout
 from statekeeper.storage import LocalBlobStore
-from tests.blobstores import RecordingBlobStore
+from tests.blobstores import RecordingBlobStore, store_history
 
 
 def _commit_versions(backend: sk.StateBackend, count: int, *, start: int = 0) -> None:
@@ -55,7 +56,8 @@ def test_no_local_copy_rebuilds_by_replaying_every_changelog(
         info = store.restore_info
     assert (info.base_kind, info.base, info.changelogs_replayed) == ("empty", 0, 25)
     fetched = sorted(key for op, key in recorder.calls if op == "get" and "changelog" in key)
-    assert fetched == [layout.changelog_key("op", 0, v) for v in range(1, 26)]
+    history = store_history(_backend(recorder, tmp_path / "a"), "op", 0)
+    assert fetched == [history.changelog_key(v) for v in range(1, 26)]
     assert info.bytes_downloaded > 0
 
 
@@ -71,7 +73,9 @@ def test_current_local_copy_is_reused_without_any_download(
         assert store.restore_info.base_kind == "local"
         assert store.restore_info.bytes_downloaded == 0
     counts = recorder.counts()
-    assert counts["get"] == counts["get_range"] == 0  # root metadata is cached too
+    # one listing and one read of the newest manifest; root metadata is cached
+    gets = [key for op, key in recorder.calls if op in ("get", "get_range")]
+    assert [layout.parse_manifest_key(k) for k in gets] == [5]
     assert counts["put"] == 0
 
 
@@ -87,7 +91,8 @@ def test_local_copy_behind_replays_only_the_missing_changelogs(
         info = store.restore_info
     assert (info.base_kind, info.base, info.changelogs_replayed) == ("local", 4, 3)
     fetched = sorted(key for op, key in recorder.calls if op == "get" and "changelog" in key)
-    assert fetched == [layout.changelog_key("op", 0, v) for v in (5, 6, 7)]
+    history = store_history(_backend(recorder, tmp_path / "a"), "op", 0)
+    assert fetched == [history.changelog_key(v) for v in (5, 6, 7)]
 
 
 def test_local_copy_ahead_of_the_version_asked_is_never_used(
@@ -126,18 +131,22 @@ def test_missing_changelog_in_the_chain_is_reported(
     recorder: RecordingBlobStore, tmp_path: Path
 ) -> None:
     _commit_versions(_backend(recorder, tmp_path / "a"), 5)
-    recorder.inner.delete_many([layout.changelog_key("op", 0, 3)])
+    missing = store_history(_backend(recorder, tmp_path / "a"), "op", 0).changelog_key(3)
+    recorder.inner.delete_many([missing])
     backend = _backend(recorder, tmp_path / "fresh")
-    assert backend.versions("op", 0) == [0, 1, 2]
-    with pytest.raises(sk.StateNotFoundError, match=r"version 5 .*0-2"):
+    # The manifest states what was committed; the error names the blob that is gone.
+    assert backend.versions("op", 0) == [0, 1, 2, 3, 4, 5]
+    with pytest.raises(sk.StateNotFoundError, match=re.escape(missing)):
         backend.open("op", partition=0, version=5)
+    with backend.open("op", partition=0, version=2) as store:
+        assert dict(store.scan()) == _expected(2)
 
 
 def test_corrupt_changelog_is_reported_naming_the_blob(
     recorder: RecordingBlobStore, tmp_path: Path
 ) -> None:
     _commit_versions(_backend(recorder, tmp_path / "a"), 3)
-    key = layout.changelog_key("op", 0, 2)
+    key = store_history(_backend(recorder, tmp_path / "a"), "op", 0).changelog_key(2)
     path = tmp_path / "root" / key
     data = bytearray(path.read_bytes())
     data[-3] ^= 0x40

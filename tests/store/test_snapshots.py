@@ -12,7 +12,7 @@ import statekeeper as sk
 from statekeeper import layout
 from statekeeper.snapshot import SnapshotIndex, iter_files
 from statekeeper.storage import BlobStore, LocalBlobStore
-from tests.blobstores import RecordingBlobStore
+from tests.blobstores import RecordingBlobStore, store_history
 
 
 class GatedBlobStore(RecordingBlobStore):
@@ -58,7 +58,8 @@ def test_background_snapshot_every_n_versions_and_restore_from_it(tmp_path: Path
     backend.wait_for_snapshots()
     assert [i.version for i in infos if i.snapshot_scheduled] == [5, 10]
     keys = [m.key for m in backend.blobs.list(layout.snapshot_prefix("op", 0))]
-    assert keys == [layout.snapshot_index_key("op", 0, v) for v in (5, 10)]
+    assert [layout.parse_attempt_snapshot_key(k)[0] for k in keys] == [5, 10]  # type: ignore[index]
+    assert sorted(store_history(backend, "op", 0).index_keys.values()) == keys
     cold = sk.StateBackend(root, config=_config(tmp_path, "cold"))
     with cold.open("op", 0) as store:
         info = store.restore_info
@@ -87,9 +88,8 @@ def test_commit_path_does_not_wait_for_a_snapshot_upload(tmp_path: Path) -> None
             assert not blobs.inner.list(layout.snapshot_prefix("op", 0))
             blobs.gate.set()
         backend.wait_for_snapshots()
-        assert [m.key for m in blobs.inner.list(layout.snapshot_prefix("op", 0))] == [
-            layout.snapshot_index_key("op", 0, 2)
-        ]
+        keys = [m.key for m in blobs.inner.list(layout.snapshot_prefix("op", 0))]
+        assert [layout.parse_attempt_snapshot_key(k)[0] for k in keys] == [2]  # type: ignore[index]
     finally:
         blobs.gate.set()
         backend.close()
@@ -159,7 +159,8 @@ def test_local_copy_at_the_snapshot_skips_remote_restore(tmp_path: Path) -> None
     with backend.open("op", 0) as store:
         assert store.restore_info.base_kind == "local"
         assert len(_state(store)) == 500
-    assert blobs.counts()["get"] == 0
+    gets = [key for op, key in blobs.calls if op == "get"]
+    assert [layout.parse_manifest_key(k) for k in gets] == [2]  # the newest manifest only
 
 
 def test_local_copy_ahead_restores_the_snapshot_reusing_identical_files(tmp_path: Path) -> None:
@@ -213,7 +214,8 @@ def test_snapshot_mode_commits_are_snapshots_and_conflicts_are_detected(tmp_path
     first, second = a.open("op", 0), b.open("op", 0)
     first.put(b"k", b"a")
     info = first.commit()
-    assert info.blob == layout.snapshot_index_key("op", 0, 1)
+    assert layout.parse_attempt_snapshot_key(info.blob)[0] == 1  # type: ignore[index]
+    assert store_history(a, "op", 0).index_key(1) == info.blob
     assert not a.blobs.list(layout.changelog_prefix("op", 0))
     second.put(b"k", b"b")
     with pytest.raises(sk.CommitConflictError, match="version 1"):

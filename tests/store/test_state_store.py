@@ -38,7 +38,7 @@ def test_reads_see_own_writes_and_commit_advances(backend: sk.StateBackend) -> N
         info = store.commit()
         assert (info.version, info.puts, info.deletes) == (1, 2, 1)
         assert info.raw_bytes == len(b"a1") + len(b"b") + len(b"c")
-        assert info.blob == layout.changelog_key("sessions", 0, 1)
+        assert layout.parse_attempt_changelog_key(info.blob)[0] == 1  # type: ignore[index]
         assert store.version == 1
         store.put(b"a", b"2")
         store.commit()
@@ -168,8 +168,8 @@ def test_partition_count_is_recorded_and_checked(backend: sk.StateBackend, tmp_p
         backend.open("op", partition=4)
     backend.open("op", partition=3).close()  # no count given: the recorded one applies
     doc = json.loads((tmp_path / "root" / layout.ROOT_METADATA).read_text())
-    assert doc["operators"] == {"op": {"partitions": 4}}
-    assert doc["formatVersion"] == 1
+    assert doc["operators"] == {"op": {"partitions": 4, "generation": 0}}
+    assert doc["formatVersion"] == 2
 
 
 def test_root_of_newer_format_is_refused_clearly(tmp_path: Path) -> None:

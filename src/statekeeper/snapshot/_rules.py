@@ -6,6 +6,7 @@ dataclasses can raise ``ValueError`` and the parser a ``CorruptStateError`` nami
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from collections.abc import Sequence
@@ -125,10 +126,15 @@ def prev_index_problem(prev: object, operator: str, partition: int, version: int
     if not isinstance(prev, str):
         return f"expected prevSnapshotIndexBlobId to be a str or null, found {type(prev).__name__}"
     prev_version = layout.parse_snapshot_key(prev)
+    expected = None if prev_version is None else layout.snapshot_index_key
+    if prev_version is None and (parsed := layout.parse_attempt_snapshot_key(prev)) is not None:
+        prev_version = parsed[0]  # format 2: a name unique to the upload
+        expected = functools.partial(layout.attempt_snapshot_key, attempt=parsed[1])
     if (
         prev_version is None
+        or expected is None
         or prev_version >= version
-        or prev != layout.snapshot_index_key(operator, partition, prev_version)
+        or prev != expected(operator, partition, prev_version)
     ):
         return (
             "expected prevSnapshotIndexBlobId to be a snapshot index key of "

@@ -87,6 +87,8 @@ def upload_snapshot(
     chunk_size: int,
     io_threads: int,
     checkpoint_id: str | None = None,
+    index_key: str | None = None,
+    previous_key: str | None = None,
 ) -> tuple[SnapshotIndex, SnapshotMetrics]:
     """Upload a RocksDB checkpoint directory as the snapshot of ``version``, incrementally.
 
@@ -107,6 +109,14 @@ def upload_snapshot(
         chunk_size: maximum bytes per file blob.
         io_threads: parallel uploads.
         checkpoint_id: id recorded in the index; a fresh uuid hex by default.
+        index_key: where to write the index (format 2: a name unique to the upload);
+            format 1's name for ``version`` by default.
+        previous_key: the key ``previous`` was read from (format 1's name by default).
+
+    Just before the index is written, every blob it reuses from ``previous`` is checked to
+    still exist (one listing of the store's files); if garbage collection removed one
+    meanwhile, the snapshot is uploaded again in full, so a published index never names a
+    deleted blob it reused (ARCHITECTURE invariant 5).
 
     Returns:
         The index written and the upload's metrics.
@@ -119,7 +129,7 @@ def upload_snapshot(
         OSError: the directory cannot be read.
     """
     started = time.monotonic()
-    key = layout.snapshot_index_key(operator, partition, version)
+    key = index_key or layout.snapshot_index_key(operator, partition, version)
     check_transfer_args(io_threads=io_threads, chunk_size=chunk_size)
     _check_previous(previous, operator, partition, version)
     _refuse_existing(blobs, key, version)
@@ -130,13 +140,26 @@ def upload_snapshot(
         blobs, diff, lambda blob_id: layout.file_blob_key(operator, partition, blob_id),
         chunk_size=chunk_size, io_threads=io_threads,
     )  # fmt: skip
+    if previous is not None and _reused_missing(blobs, diff, operator, partition):
+        _log.warning(
+            "snapshot %s: blobs it would reuse from %s were deleted meanwhile (gc); "
+            "uploading it in full", key, previous_key,
+        )  # fmt: skip
+        return upload_snapshot(
+            blobs, checkpoint_dir, operator=operator, partition=partition, version=version,
+            previous=None, trust_names=False, chunk_size=chunk_size, io_threads=io_threads,
+            checkpoint_id=checkpoint_id, index_key=index_key,
+        )  # fmt: skip
     index = SnapshotIndex(
         checkpoint_id=checkpoint_id if checkpoint_id is not None else uuid.uuid4().hex,
         created_time_ms=time.time_ns() // 1_000_000,
         metadata=SnapshotMetadata(operator=operator, partition=partition, version=version),
         dir_index=_new_dir_index(diff, uploaded, ""),
         prev_snapshot_index_blob_id=(
-            layout.snapshot_index_key(operator, partition, previous.metadata.version)
+            (
+                previous_key
+                or layout.snapshot_index_key(operator, partition, previous.metadata.version)
+            )
             if previous is not None
             else None
         ),
@@ -163,15 +186,29 @@ def upload_snapshot(
     return index, metrics
 
 
-def load_index(blobs: BlobStore, operator: str, partition: int, version: int) -> SnapshotIndex:
-    """Fetch and validate the snapshot index of ``version``.
+def _reused_missing(blobs: BlobStore, diff: DirDiff, operator: str, partition: int) -> bool:
+    """Whether a blob the diff reuses is no longer in the store."""
+    reused = {b.blob_id for f in diff.iter_retained() for b in f.blobs}
+    if not reused:
+        return False
+    present = {
+        m.key.rsplit("/", 1)[-1] for m in blobs.list(layout.files_prefix(operator, partition))
+    }
+    return not reused <= present
+
+
+def load_index(
+    blobs: BlobStore, operator: str, partition: int, version: int, *, key: str | None = None
+) -> SnapshotIndex:
+    """Fetch and validate the snapshot index of ``version`` (at ``key``, format 2; at
+    format 1's name by default).
 
     Raises:
         StateNotFoundError: no snapshot of ``version`` exists; the message names the blob.
         CorruptStateError: the blob is not a valid index of that store and version.
         StorageError: the blob store failed the read.
     """
-    key = layout.snapshot_index_key(operator, partition, version)
+    key = key or layout.snapshot_index_key(operator, partition, version)
     try:
         data = blobs.get(key)
     except StateNotFoundError as exc:

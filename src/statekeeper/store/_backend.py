@@ -21,7 +21,7 @@ from statekeeper.snapshot import SnapshotMetrics
 from statekeeper.storage import BlobStore, open_blob_store
 from statekeeper.store._export import ExportInfo, prepare_target, publish, staging_dir, write_db
 from statekeeper.store._restore import restore_copy
-from statekeeper.store._root import RootMetadata, RootRegistry
+from statekeeper.store._root import FORMAT_VERSION, RootMetadata, RootRegistry
 from statekeeper.store._snapshots import Snapshotter, remove_stale_checkpoints
 from statekeeper.store._state_store import StateStore
 from statekeeper.store._working_copy import WorkingCopy
@@ -139,7 +139,7 @@ class StateBackend:
                 f"partition {partition} is out of range: operator {name!r} has {count} "
                 f"partitions (0..{count - 1}) in this checkpoint root"
             )
-        history = StoreHistory.load(self._blobs, name, partition)
+        history = StoreHistory.load(self._blobs, name, partition, root_id=meta.root_id)
         copy, info = restore_copy(
             blobs=self._blobs,
             config=self._config,
@@ -157,7 +157,8 @@ class StateBackend:
             root_id=meta.root_id,
             restore_info=info,
             snapshotter=self._snapshotter,
-            last_snapshot=history.newest_snapshot or 0,
+            manifest=history.as_manifest(meta.root_id),
+            before_commit=None if meta.format_version >= FORMAT_VERSION else self._registry.upgrade,
         )
         with self._open_lock:
             self._open_stores[(name, partition)] = store
@@ -174,6 +175,19 @@ class StateBackend:
         layout.validate_operator(name)
         _check_partitions(partitions)
         self._registry.register(name, partitions)
+
+    def start_generation(self, name: str) -> int:
+        """Start a new run of operator ``name``: bump its run generation in the root by
+        compare-and-swap and return it. Commits of this run use it as the first number of
+        their order (``StateStore.commit(order=(generation, ...))``), so they replace what an
+        earlier run left half done, and an earlier run's tasks still alive are refused.
+
+        Raises:
+            TypeError, ValueError: a malformed name.
+            StorageError: the root cannot be read or written.
+        """
+        layout.validate_operator(name)
+        return self._registry.start_generation(name)
 
     def operators(self) -> dict[str, int | None]:
         """Operator name -> partition count (``None`` if never stated), as the root records.
@@ -224,12 +238,14 @@ class StateBackend:
         Raises:
             StorageError: a listing or delete failed; a later run finishes the job.
         """
+        meta = self._registry.read()
         return collect_garbage(
             self._blobs,
             self._config,
             self._operators(),
             dry_run=dry_run,
             busy=self._snapshotter.uploading(),
+            root_id="" if meta is None else meta.root_id,
         )
 
     def verify(self, deep: bool = True, progress: Progress | None = None) -> VerifyReport:
@@ -246,6 +262,7 @@ class StateBackend:
     def _gc_after_snapshot(self, name: str, partition: int) -> None:
         """Background maintenance: collect one store's garbage, bounded in time."""
         try:
+            meta = self._registry.read()
             collect_garbage(
                 self._blobs,
                 self._config,
@@ -253,6 +270,7 @@ class StateBackend:
                 only=(name, partition),
                 busy=self._snapshotter.uploading(),
                 budget_s=_BACKGROUND_GC_BUDGET_S,
+                root_id="" if meta is None else meta.root_id,
             )
         except StateKeeperError as exc:
             _log.warning("background gc of %s/%s failed: %s", name, partition, exc)
@@ -268,7 +286,13 @@ class StateBackend:
             TypeError, ValueError: a malformed argument.
             StorageError: the listing failed.
         """
-        return StoreHistory.load(self._blobs, name, partition).restorable_versions()
+        layout.validate_operator(name)
+        layout.validate_partition(partition)
+        meta = self._registry.read()
+        if meta is None:
+            return []
+        history = StoreHistory.load(self._blobs, name, partition, root_id=meta.root_id)
+        return history.restorable_versions()
 
     def root_metadata(self) -> RootMetadata | None:
         """What the root records (format version, root id, operators and their partition

@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from statekeeper import layout
 from statekeeper.changelog import decode_changelog
 from statekeeper.config import StoreConfig
 from statekeeper.errors import CorruptStateError, StateNotFoundError
@@ -51,7 +50,9 @@ def restore_copy(
     while True:
         copy = open_copy()
         try:
-            plan = history.plan(version, copy.version if copy.root_id == root_id else None)
+            local = copy.version
+            held = (local, copy.attempt) if local is not None and copy.root_id == root_id else None
+            plan = history.plan(version, held)
             snap = _NO_SNAPSHOT
             if plan.base_kind == "snapshot":
                 try:
@@ -135,8 +136,8 @@ def _restore_snapshot(
     blobs: BlobStore, config: StoreConfig, history: StoreHistory, plan: RestorePlan, target: Path
 ) -> tuple[str, RestoreMetrics]:
     """Make ``target`` hold the snapshot at ``plan.base``; returns its checkpoint id."""
-    index = load_index(blobs, history.operator, history.partition, plan.base)
-    key = layout.snapshot_index_key(history.operator, history.partition, plan.base)
+    key = history.index_key(plan.base)
+    index = load_index(blobs, history.operator, history.partition, plan.base, key=key)
     metrics = restore_snapshot(blobs, index, target, io_threads=config.io_threads, index_blob=key)
     return index.checkpoint_id, metrics
 
@@ -145,14 +146,15 @@ def _check_restored(
     copy: WorkingCopy, plan: RestorePlan, root_id: str, history: StoreHistory
 ) -> None:
     """A restored snapshot must hold the version and root its index claims."""
-    key = layout.snapshot_index_key(history.operator, history.partition, plan.base)
+    key = history.index_key(plan.base)
     if copy.label != plan.base or copy.root_id != root_id:
         raise CorruptStateError(
             f"snapshot {key} is not valid: expected the files of version {plan.base} of root "
             f"{root_id}, found version {copy.label} of root {copy.root_id}"
         )
-    if copy.dirty:
-        copy.mark_clean()  # a snapshot-mode commit's checkpoint is taken before its index
+    # The attempt comes from the authority: a snapshot-mode commit's checkpoint is taken
+    # before its index (dirty), and a format-1 snapshot holds no attempt.
+    copy.apply((), version=plan.base, root_id=root_id, attempt=history.attempt(plan.base))
 
 
 def _replay(
@@ -166,14 +168,14 @@ def _replay(
     """Download the plan's changelogs in parallel windows and apply them in order."""
     if not plan.replay:
         if copy.label is None:
-            copy.apply((), version=plan.version, root_id=root_id)
+            copy.apply((), version=plan.version, root_id=root_id, attempt="")
         return 0
     downloaded = 0
     window = max(1, config.io_threads * 2)
     versions = list(plan.replay)
     for start in range(0, len(versions), window):
         batch = versions[start : start + window]
-        keys = [layout.changelog_key(history.operator, history.partition, v) for v in batch]
+        keys = [history.changelog_key(v) for v in batch]
         for v, key, data in zip(batch, keys, blobs.get_many(keys), strict=True):
             downloaded += len(data)
             log = decode_changelog(data, blob=key)
@@ -182,6 +184,6 @@ def _replay(
                     f"changelog {key} is not valid: expected versions {v - 1} -> {v}, "
                     f"found {log.header.base_version} -> {log.header.version}"
                 )
-            copy.apply(log.records, version=v, root_id=root_id)
+            copy.apply(log.records, version=v, root_id=root_id, attempt=history.attempt(v))
     copy.flush()
     return downloaded

@@ -1,18 +1,26 @@
-"""Root metadata: ``_statekeeper.json`` records the format version and the operators.
+"""Root metadata: ``_statekeeper.json`` records the format version, the operators and their
+run generations.
 
 The document is created create-only and updated only by compare-and-swap on its etag, so two
 processes registering operators at the same time cannot lose each other's entries, and two
-callers disagreeing on an operator's partition count are told so.
+callers disagreeing on an operator's partition count are told so. From format 2 it carries a
+CRC32C of its canonical JSON. A format-1 root (statekeeper 0.1) is read as it is and upgraded
+in place (format version 2) by the first format-2 commit, so a 0.1 library refuses it from
+then on instead of writing blobs no manifest names.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import google_crc32c
 
 from statekeeper import layout
 from statekeeper.errors import (
@@ -25,7 +33,7 @@ from statekeeper.storage import BlobStore
 
 __all__ = ["FORMAT_VERSION", "RootMetadata", "RootRegistry"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _FORMAT_NAME = "statekeeper"
 _CAS_ATTEMPTS = 20
 
@@ -39,18 +47,24 @@ class RootMetadata:
     created_time_ms: int
     operators: dict[str, int | None] = field(default_factory=dict)
     """Operator name -> partition count (``None`` until a caller states it)."""
+    generations: dict[str, int] = field(default_factory=dict)
+    """Operator name -> run generation, bumped each time a query (re)starts on it: the first
+    number of an attempt's order (:data:`statekeeper.manifest.Order`)."""
 
     def to_json(self) -> bytes:
         """Serialize to the on-storage document."""
-        doc = {
+        doc: dict[str, Any] = {
             "format": _FORMAT_NAME,
             "formatVersion": self.format_version,
             "rootId": self.root_id,
             "createdTimeMs": self.created_time_ms,
             "operators": {
-                name: {"partitions": parts} for name, parts in sorted(self.operators.items())
+                name: {"partitions": parts, "generation": self.generations.get(name, 0)}
+                for name, parts in sorted(self.operators.items())
             },
         }
+        if self.format_version >= 2:
+            doc["crc32c"] = google_crc32c.value(_canonical(doc))
         return json.dumps(doc, indent=2, sort_keys=True).encode("utf-8") + b"\n"
 
     @classmethod
@@ -78,17 +92,34 @@ class RootMetadata:
                 f"root metadata {blob} was written by statekeeper format version {version}; "
                 f"this statekeeper reads format versions <= {FORMAT_VERSION}: upgrade statekeeper"
             )
+        if version >= 2:
+            crc = doc.pop("crc32c", None)
+            if crc != google_crc32c.value(_canonical(doc)):
+                raise CorruptStateError(
+                    f"root metadata {blob} is not valid: checksum mismatch (stored {crc!r}): "
+                    "it was edited or damaged"
+                )
         try:
             operators = {
                 str(name): _partitions(entry["partitions"])
                 for name, entry in doc["operators"].items()
             }
-            return cls(version, str(doc["rootId"]), int(doc["createdTimeMs"]), operators)
+            generations = {
+                str(name): int(entry.get("generation", 0))
+                for name, entry in doc["operators"].items()
+            }
+            return cls(
+                version, str(doc["rootId"]), int(doc["createdTimeMs"]), operators, generations
+            )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptStateError(
                 f"root metadata {blob} is not valid: expected rootId, createdTimeMs and "
                 f"operators with partition counts, found an error at {exc!r}"
             ) from exc
+
+
+def _canonical(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def _partitions(value: Any) -> int | None:
@@ -134,8 +165,66 @@ class RootRegistry:
             cached = self._cached
             if cached is not None and _satisfied(cached, operator, partitions):
                 return cached
+
+        def change(current: RootMetadata) -> RootMetadata | None:
+            if _satisfied(current, operator, partitions):
+                return None
+            operators = dict(current.operators)
+            operators[operator] = partitions if partitions is not None else operators.get(operator)
+            return dataclasses.replace(current, operators=operators)
+
+        return self._update(change)
+
+    def upgrade(self) -> RootMetadata:
+        """Record format version 2 in a format-1 root (idempotent): from then on a 0.1
+        library refuses the root instead of committing in a format no manifest names.
+
+        Raises:
+            StorageError: the root cannot be read or written.
+        """
+        cached = self._cached
+        if cached is not None and cached.format_version >= FORMAT_VERSION:
+            return cached
+
+        def change(current: RootMetadata) -> RootMetadata | None:
+            if current.format_version >= FORMAT_VERSION:
+                return None
+            return dataclasses.replace(current, format_version=FORMAT_VERSION)
+
+        return self._update(change)
+
+    def start_generation(self, operator: str) -> int:
+        """Bump ``operator``'s run generation by compare-and-swap and return the new one.
+
+        Raises:
+            StorageError: the root cannot be read or written.
+        """
+        bumped: list[int] = []
+
+        def change(current: RootMetadata) -> RootMetadata | None:
+            generations = dict(current.generations)
+            generations[operator] = generations.get(operator, 0) + 1
+            bumped[:] = [generations[operator]]
+            operators = dict(current.operators)
+            operators.setdefault(operator, None)
+            return dataclasses.replace(
+                current, format_version=FORMAT_VERSION, operators=operators,
+                generations=generations,
+            )  # fmt: skip
+
+        self._update(change)
+        return bumped[0]
+
+    def _update(self, change: Callable[[RootMetadata], RootMetadata | None]) -> RootMetadata:
+        """Apply ``change`` by compare-and-swap (``None``: nothing to change).
+
+        Raises:
+            CommitConflictError: the document kept changing under every attempt.
+            StorageError: the root cannot be read or written.
+        """
+        with self._lock:
             for _ in range(_CAS_ATTEMPTS):
-                meta = self._try_register(operator, partitions)
+                meta = self._try_update(change)
                 if meta is not None:
                     self._cached = meta
                     return meta
@@ -145,23 +234,24 @@ class RootRegistry:
                 f"{_CAS_ATTEMPTS} attempts"
             )
 
-    def _try_register(self, operator: str, partitions: int | None) -> RootMetadata | None:
+    def _try_update(
+        self, change: Callable[[RootMetadata], RootMetadata | None]
+    ) -> RootMetadata | None:
         try:
             etag: str | None = self._blobs.head(layout.ROOT_METADATA).etag
-            current = RootMetadata.from_json(
+            current: RootMetadata | None = RootMetadata.from_json(
                 self._blobs.get(layout.ROOT_METADATA), blob=self._describe()
             )
         except StateNotFoundError:
             etag, current = None, None
-        if current is not None and _satisfied(current, operator, partitions):
-            return current
+        fresh = current is None
         if current is None:
             current = RootMetadata(FORMAT_VERSION, uuid.uuid4().hex, int(time.time() * 1000))
-        operators = dict(current.operators)
-        operators[operator] = partitions if partitions is not None else operators.get(operator)
-        updated = RootMetadata(
-            current.format_version, current.root_id, current.created_time_ms, operators
-        )
+        updated = change(current)
+        if updated is None:
+            if not fresh:
+                return current
+            updated = current
         try:
             if etag is None:
                 self._blobs.put(layout.ROOT_METADATA, updated.to_json())

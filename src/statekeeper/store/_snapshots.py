@@ -19,7 +19,19 @@ from pathlib import Path
 
 from statekeeper import layout
 from statekeeper.config import StoreConfig
-from statekeeper.errors import CommitConflictError, StateKeeperError, StateNotFoundError
+from statekeeper.errors import (
+    CommitConflictError,
+    CorruptStateError,
+    StateKeeperError,
+    StateNotFoundError,
+)
+from statekeeper.manifest import (
+    SnapshotEntry,
+    StoreManifest,
+    read_newest_manifest,
+    with_snapshot,
+    write_manifest,
+)
 from statekeeper.metrics import CommitMetrics, write_commit_metrics
 from statekeeper.snapshot import SnapshotIndex, SnapshotMetrics, load_index, upload_snapshot
 from statekeeper.storage import BlobStore
@@ -34,6 +46,7 @@ __all__ = [
 ]
 
 _log = logging.getLogger("statekeeper.store")
+_REGISTER_TRIES = 20
 
 # Checkpoint folders whose upload is running in this process.
 _active: set[Path] = set()
@@ -41,23 +54,46 @@ _active_lock = threading.Lock()
 
 
 class SnapshotJob:
-    """One snapshot of one working copy: checkpoint once, then upload.
+    """One snapshot of one working copy: checkpoint once, upload, register in the manifest.
 
     The checkpoint is taken by whoever gets there first: the background thread, or the
     store's ``close`` (which must not release the database before it exists).
+
+    Args:
+        copy: the working copy.
+        operator, partition: its store.
+        root_id: the root's id (manifests are checked against it).
+        manifest: the store's manifest as the caller knows it (the previous snapshot is
+            taken from it; a background job reads the newest one instead).
+        register: whether the job registers the snapshot in a new manifest (a background
+            snapshot); a snapshot-mode commit publishes its own entry instead.
     """
 
-    def __init__(self, copy: WorkingCopy, operator: str, partition: int) -> None:
+    def __init__(
+        self,
+        copy: WorkingCopy,
+        operator: str,
+        partition: int,
+        *,
+        root_id: str,
+        manifest: StoreManifest,
+        register: bool = True,
+    ) -> None:
         self.copy = copy
         self.operator = operator
         self.partition = partition
+        self.root_id = root_id
+        self.manifest = manifest
+        self.register = register
+        self.index_key = ""
+        """Where the index was (or will be) written; set by the upload."""
         self._lock = threading.Lock()
         self._taken = False
-        self._checkpoint: tuple[Path, int] | None = None
+        self._checkpoint: tuple[Path, int, str] | None = None
         self.metrics: list[CommitMetrics] = []
         """Commit metrics to write once the upload is done (off the commit path)."""
 
-    def ensure_checkpoint(self) -> tuple[Path, int] | None:
+    def ensure_checkpoint(self) -> tuple[Path, int, str] | None:
         """Create the checkpoint if nobody did yet; ``None`` if the copy was already closed."""
         with self._lock:
             if not self._taken:
@@ -67,7 +103,7 @@ class SnapshotJob:
                 with _active_lock:
                     _active.add(path)
                 try:
-                    self._checkpoint = (path, self.copy.checkpoint(str(path)))
+                    self._checkpoint = (path, *self.copy.checkpoint(str(path)))
                 except StateKeeperError as exc:
                     release_checkpoint(path)
                     _log.info("snapshot of %s/%s skipped: %s", self.operator, self.partition, exc)
@@ -132,36 +168,72 @@ class Snapshotter:
             _log.exception("background snapshot of %s/%s failed", job.operator, job.partition)
             raise
 
-    def run(self, job: SnapshotJob, *, dirty_ok: bool = False) -> SnapshotMetrics | None:
-        """Checkpoint (if not done yet) and upload; ``None`` if skipped.
+    def run(self, job: SnapshotJob) -> SnapshotMetrics | None:
+        """Checkpoint (if not done yet), upload, and register; ``None`` if skipped.
 
-        Skipped when the copy was closed before its checkpoint, or when another writer
-        already holds a snapshot of that version.
+        Skipped when the copy was closed before its checkpoint, or when the store already
+        has a snapshot of that version.
 
         Raises:
-            StateKeeperError: the upload failed (storage, corrupt previous index, ...).
+            StateKeeperError: the upload or the registration failed.
         """
         taken = job.ensure_checkpoint()
         if taken is None:
             return None
-        path, version = taken
+        path, version, attempt = taken
         key = (job.operator, job.partition)
         with self._pool_lock:
             self._uploading[key] = self._uploading.get(key, 0) + 1
         try:
-            return self._upload(job, path, version)
-        except CommitConflictError:
-            if not dirty_ok:
-                _log.info("snapshot %s/%s@%s exists already", job.operator, job.partition, version)
-                return None
-            raise
+            if job.register:
+                job.manifest = self._newest(job)
+                if any(s.version == version for s in job.manifest.snapshots):
+                    _log.info("snapshot %s/%s@%s exists already", *key, version)
+                    return None
+            metrics = self._upload(job, path, version)
+            if job.register:
+                self._register(job, SnapshotEntry(version, attempt, job.index_key))
+            return metrics
         finally:
             with self._pool_lock:
                 self._uploading[key] -= 1
             release_checkpoint(path)
 
+    def _newest(self, job: SnapshotJob) -> StoreManifest:
+        found = read_newest_manifest(
+            self._blobs, root_id=job.root_id, operator=job.operator, partition=job.partition
+        )
+        return job.manifest if found is None else found
+
+    def _register(self, job: SnapshotJob, entry: SnapshotEntry) -> None:
+        """Name the uploaded snapshot in a new manifest, if its content is still that
+        version's (a re-run may have replaced it meanwhile: the index is then an orphan)."""
+        for _ in range(_REGISTER_TRIES):
+            manifest = with_snapshot(job.manifest, entry)
+            if manifest is None:
+                _log.info(
+                    "snapshot %s not registered: version %s of %s/%s is no longer attempt %s "
+                    "(or not retained, or registered already)",
+                    entry.index_blob, entry.version, job.operator, job.partition, entry.attempt,
+                )  # fmt: skip
+                return
+            try:
+                write_manifest(self._blobs, manifest)
+            except CommitConflictError:
+                job.manifest = self._newest(job)  # a commit or another snapshot won the seq
+                continue
+            job.manifest = manifest
+            return
+        raise StateKeeperError(
+            f"snapshot {entry.index_blob} not registered: the manifest of "
+            f"{job.operator}/{job.partition} changed {_REGISTER_TRIES} times in a row"
+        )
+
     def _upload(self, job: SnapshotJob, path: Path, version: int) -> SnapshotMetrics:
-        previous, trust = self._previous(job, version)
+        previous, previous_key, trust = self._previous(job, version)
+        job.index_key = layout.attempt_snapshot_key(
+            job.operator, job.partition, version, uuid.uuid4().hex
+        )
         index, metrics = upload_snapshot(
             self._blobs,
             path,
@@ -172,31 +244,40 @@ class Snapshotter:
             trust_names=trust,
             chunk_size=self._config.chunk_size,
             io_threads=self._config.io_threads,
+            index_key=job.index_key,
+            previous_key=previous_key,
         )
         job.copy.set_lineage(index.checkpoint_id, version)
         return metrics
 
-    def _previous(self, job: SnapshotJob, version: int) -> tuple[SnapshotIndex | None, bool]:
-        """The index to diff against, and whether its file names can be trusted.
+    def _previous(
+        self, job: SnapshotJob, version: int
+    ) -> tuple[SnapshotIndex | None, str | None, bool]:
+        """The index to diff against, its key, and whether its file names can be trusted.
 
-        Only the newest snapshot below ``version`` is diffed against: garbage collection
-        always keeps it and its files, so the new index never references a deleted blob.
-        Its names are trusted only if the copy itself descends from it; any other
-        snapshot (say, written by another host) is diffed by name, size and checksum.
+        The newest registered snapshot below ``version`` is diffed against; garbage
+        collection keeps its files for ``orphan_ttl_s`` after it stops naming it, and the
+        upload checks that every reused blob still exists before publishing. Its names are
+        trusted only if the copy itself descends from it; any other snapshot (say, written
+        by another host) is diffed by name, size and checksum. An unreadable previous index
+        means a full upload, never a failed snapshot.
         """
-        older = [
-            v
-            for meta in self._blobs.list(layout.snapshot_prefix(job.operator, job.partition))
-            if (v := layout.parse_snapshot_key(meta.key)) is not None and v < version
-        ]
+        older = [s for s in job.manifest.snapshots if s.version < version]
         if not older:
-            return None, False
+            return None, None, False
+        newest = older[-1]
         try:
-            index = load_index(self._blobs, job.operator, job.partition, max(older))
-        except StateNotFoundError:
-            return None, False  # deleted since the listing: upload everything
+            index = load_index(
+                self._blobs, job.operator, job.partition, newest.version, key=newest.index_blob
+            )
+        except (StateNotFoundError, CorruptStateError) as exc:
+            _log.warning(
+                "snapshot of %s/%s@%s uploads in full: its previous snapshot is unusable: %s",
+                job.operator, job.partition, version, exc,
+            )  # fmt: skip
+            return None, None, False
         lineage = job.copy.lineage
-        return index, lineage is not None and lineage[0] == index.checkpoint_id
+        return index, newest.index_blob, lineage is not None and lineage[0] == index.checkpoint_id
 
 
 def remove_stale_checkpoints(copy_path: str) -> None:

@@ -2,8 +2,13 @@
 
 Uncommitted writes live in an in-memory overlay, so they are invisible to every other reader,
 vanish on ``abort`` or a crash, and are seen by this store's own reads and scans. ``commit``
-uploads the changelog create-only first, then applies the overlay to the working copy in one
-write batch that also records the new version (invariants 1 and 3 of ARCHITECTURE §5).
+uploads the attempt's changelog (or, in snapshot mode, its snapshot) create-only under a name
+unique to the attempt, then writes the store's next manifest naming it — the one commit point
+for both modes (:mod:`statekeeper.manifest`) — and only then applies the overlay to the
+working copy in one write batch that also records the new version and attempt (invariants 1
+and 3 of ARCHITECTURE §5). The store keeps the manifest it wrote, so a commit costs two
+create-only puts and no read, unless another writer (a background snapshot, a re-run) wrote a
+manifest since: then one listing and one read more, and the decision is taken again.
 """
 
 from __future__ import annotations
@@ -11,7 +16,8 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Iterable, Iterator
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -19,6 +25,16 @@ from statekeeper import layout
 from statekeeper.changelog import decode_changelog, encode_changelog
 from statekeeper.config import StoreConfig
 from statekeeper.errors import CommitConflictError, StateKeeperError
+from statekeeper.manifest import (
+    PLAIN_ORDER,
+    Kind,
+    Order,
+    StoreManifest,
+    apply,
+    decide,
+    read_newest_manifest,
+    write_manifest,
+)
 from statekeeper.metrics import CommitMetrics, from_commit
 from statekeeper.snapshot import SnapshotMetrics
 from statekeeper.storage import BlobStore
@@ -96,7 +112,8 @@ class StateStore:
         root_id: str,
         restore_info: RestoreInfo,
         snapshotter: Snapshotter,
-        last_snapshot: int,
+        manifest: StoreManifest,
+        before_commit: Callable[[], object] | None = None,
     ) -> None:
         self._blobs = blobs
         self._config = config
@@ -108,7 +125,10 @@ class StateStore:
         self._pending: dict[bytes, bytes | None] = {}
         self._state = _State.OPEN
         self._snapshotter = snapshotter
-        self._last_snapshot = last_snapshot
+        self._manifest = manifest
+        self._last_snapshot = max([manifest.base, *(s.version for s in manifest.snapshots)])
+        self._attempt: str | None = None
+        self._before_commit = before_commit
         self._job: SnapshotJob | None = None
         self._metrics: list[CommitMetrics] = []
         self.restore_info = restore_info
@@ -215,31 +235,50 @@ class StateStore:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def commit(self) -> CommitInfo:
+    def commit(self, *, order: Order | None = None) -> CommitInfo:
         """Make the uncommitted writes durable as version ``self.version + 1``.
 
-        In changelog mode the changelog is uploaded create-only before anything references
-        it; if the upload fails with a storage error nothing changes locally and ``commit``
-        may be called again; if the version already exists with the same content (a re-run)
-        it is accepted. Every ``snapshot_every`` versions a snapshot is scheduled in the
+        The commit is an *attempt* of that version, of ``order`` (see
+        :data:`statekeeper.manifest.Order`; the plain API's is ``(0, 0, 0, 0)``). It
+        replaces another attempt's ``version + 1`` if that one is older and nothing was
+        built on it (a re-run of a batch); it is refused if an attempt of a newer order
+        already wrote the store (this one is a zombie), if ``version + 1`` is final, or if
+        an attempt of the same order committed it with other content (one of the same
+        content, a re-run, is accepted). If the upload fails with a storage error nothing
+        changes locally and, in changelog mode, ``commit`` may be called again (the same
+        attempt). Every ``snapshot_every`` versions a snapshot is scheduled in the
         background. In snapshot mode the commit is an incremental snapshot.
 
         Raises:
-            CommitConflictError: another writer committed this version with different
-                content; the store is then failed and must be reopened.
+            CommitConflictError: the commit was refused; the store is then failed and must
+                be reopened.
             StorageError: the upload failed; in changelog mode the writes are kept and
                 commit can be retried, in snapshot mode the store is failed.
             StateKeeperError: the store is closed or failed.
         """
         self._check_open()
         started = time.perf_counter()
+        order = PLAIN_ORDER if order is None else _check_order(order)
         records = sorted(self._pending.items())
-        if self._config.mode == "snapshot":
-            key, uploaded = self._commit_snapshot(records)
-        else:
-            key, uploaded = self._commit_changelog(records)
+        if self._attempt is None:
+            self._attempt = uuid.uuid4().hex
+        if self._before_commit is not None:
+            self._before_commit()  # a format-1 root is upgraded before its first manifest
+            self._before_commit = None
+        try:
+            if self._config.mode == "snapshot":
+                key, uploaded = self._commit_snapshot(records, order)
+            else:
+                key, uploaded = self._commit_changelog(records, order)
+        except CommitConflictError as exc:
+            self._state = _State.FAILED
+            raise CommitConflictError(
+                f"version {self._version + 1} of store {self._operator}/{self._partition} was "
+                f"not committed: {exc}; reopen the store to continue from the newest version"
+            ) from exc
         self._version += 1
         self._pending = {}
+        self._attempt = None
         scheduled = self._maybe_schedule_snapshot()
         deletes = sum(1 for _, v in records if v is None)
         info = CommitInfo(
@@ -270,8 +309,16 @@ class StateStore:
         metrics, self._metrics = self._metrics, []
         write_metrics_quietly(self._blobs, self._operator, self._partition, metrics)
 
-    def _commit_changelog(self, records: list[tuple[bytes, bytes | None]]) -> tuple[str, int]:
+    def _commit_changelog(
+        self, records: list[tuple[bytes, bytes | None]], order: Order
+    ) -> tuple[str, int]:
         new_version = self._version + 1
+        attempt = self._attempt
+        assert attempt is not None
+        adopted = self._refuse_early(new_version, attempt, order, records)
+        if adopted is not None:
+            self._apply_locally(records, new_version, adopted)
+            return self._manifest.entry(new_version).blob, 0  # type: ignore[union-attr]
         blob = encode_changelog(
             records,
             base_version=self._version,
@@ -279,46 +326,143 @@ class StateStore:
             compression=self._config.compression,
             level=self._config.compression_level,
         )
-        key = layout.changelog_key(self._operator, self._partition, new_version)
-        self._upload(key, blob, records)
+        key = layout.attempt_changelog_key(self._operator, self._partition, new_version, attempt)
         try:
-            self._copy.apply(records, version=new_version, root_id=self._root_id)
-        except StateKeeperError:
-            self._state = _State.FAILED
-            raise
+            self._blobs.put(key, blob)
+        except CommitConflictError:
+            # The name is this attempt's own: an earlier try of this commit wrote it.
+            _log.info("changelog %s was written by an earlier try of this commit", key)
+        adopted = self._publish(new_version, attempt, order, "changelog", key, records)
+        self._apply_locally(records, new_version, adopted or attempt)
         self._copy.flush_if_due()
         return key, len(blob)
 
-    def _commit_snapshot(self, records: list[tuple[bytes, bytes | None]]) -> tuple[str, int]:
-        """Apply locally marked dirty, snapshot, then mark clean: the index commits."""
-        new_version = self._version + 1
+    def _apply_locally(
+        self, records: list[tuple[bytes, bytes | None]], version: int, attempt: str
+    ) -> None:
         try:
-            self._copy.apply(records, version=new_version, root_id=self._root_id, dirty=True)
-            metrics = self._snapshotter.run(
-                SnapshotJob(self._copy, self._operator, self._partition), dirty_ok=True
+            self._copy.apply(records, version=version, root_id=self._root_id, attempt=attempt)
+        except StateKeeperError:
+            self._state = _State.FAILED
+            raise
+
+    def _commit_snapshot(
+        self, records: list[tuple[bytes, bytes | None]], order: Order
+    ) -> tuple[str, int]:
+        """Apply locally marked dirty, upload the snapshot, publish it, then mark clean."""
+        new_version = self._version + 1
+        attempt = self._attempt
+        assert attempt is not None
+        try:
+            decide(self._manifest, parent=self._version, attempt=attempt, order=order)
+            self._copy.apply(
+                records, version=new_version, root_id=self._root_id, attempt=attempt, dirty=True
             )
+            job = SnapshotJob(
+                self._copy, self._operator, self._partition, root_id=self._root_id,
+                manifest=self._manifest, register=False,
+            )  # fmt: skip
+            metrics = self._snapshotter.run(job)
             if metrics is None:
                 raise StateKeeperError(f"could not snapshot {self!r}: the copy was closed")
+            self._publish(new_version, attempt, order, "snapshot", job.index_key, None)
             self._copy.mark_clean()
-        except CommitConflictError as exc:
-            self._state = _State.FAILED
-            raise CommitConflictError(
-                f"version {new_version} of store {self._operator}/{self._partition} was "
-                "already committed by another writer; this commit was not applied: reopen "
-                "the store to continue from there"
-            ) from exc
         except BaseException:
             self._state = _State.FAILED  # the local copy holds an uncommitted version
             raise
         self._last_snapshot = new_version
         return metrics.index_blob, metrics.bytes_uploaded
 
+    def _refuse_early(
+        self, version: int, attempt: str, order: Order, records: list[tuple[bytes, bytes | None]]
+    ) -> str | None:
+        """Refuse a commit the cached manifest already refuses, before writing anything
+        (its fence and its final versions only grow); ``None``, or the attempt to adopt
+        when the version holds identical content already."""
+        try:
+            decide(self._manifest, parent=version - 1, attempt=attempt, order=order)
+        except CommitConflictError:
+            adopted = self._identical(self._manifest, version, records)
+            if adopted is None:
+                raise
+            return adopted
+        return None
+
+    def _publish(
+        self,
+        version: int,
+        attempt: str,
+        order: Order,
+        kind: Kind,
+        blob: str,
+        records: list[tuple[bytes, bytes | None]] | None,
+    ) -> str | None:
+        """Write the manifest naming this attempt as ``version``: the commit point.
+
+        Returns ``None``, or the attempt adopted when another attempt of the same order
+        committed identical content first.
+
+        Raises:
+            CommitConflictError: the commit is refused (see :meth:`commit`).
+            StorageError: the manifest write failed (it may have landed: a retry decides).
+        """
+        manifest = self._manifest
+        while True:
+            try:
+                decision = decide(manifest, parent=version - 1, attempt=attempt, order=order)
+            except CommitConflictError:
+                adopted = None if records is None else self._identical(manifest, version, records)
+                if adopted is None:
+                    raise
+                self._manifest = manifest
+                return adopted
+            if decision.action == "done":
+                self._manifest = manifest
+                return None
+            new = apply(manifest, decision, attempt=attempt, order=order, kind=kind, blob=blob)
+            try:
+                write_manifest(self._blobs, new)
+            except CommitConflictError:
+                manifest = self._newest_manifest()
+                continue
+            self._manifest = new
+            return None
+
+    def _newest_manifest(self) -> StoreManifest:
+        found = read_newest_manifest(
+            self._blobs, root_id=self._root_id, operator=self._operator, partition=self._partition
+        )
+        if found is None:
+            raise StateKeeperError(
+                f"the manifests of store {self._operator}/{self._partition} disappeared"
+            )
+        return found
+
+    def _identical(
+        self, manifest: StoreManifest, version: int, records: list[tuple[bytes, bytes | None]]
+    ) -> str | None:
+        """The attempt holding ``version`` if it was built on the same parent and holds
+        exactly ``records`` (a re-run that changed nothing)."""
+        entry = manifest.entry(version)
+        if entry is None or entry.kind != "changelog":
+            return None
+        if entry.parent_attempt != self._copy.attempt:
+            return None
+        existing = decode_changelog(self._blobs.get(entry.blob), blob=entry.blob)
+        if existing.header.base_version != version - 1 or existing.records != records:
+            return None
+        _log.info("version %s already committed with identical content: accepted", entry.blob)
+        return entry.attempt
+
     def _maybe_schedule_snapshot(self) -> bool:
         if self._config.mode == "snapshot":
             return False
         if self._version - self._last_snapshot < self._config.snapshot_every:
             return False
-        job = SnapshotJob(self._copy, self._operator, self._partition)
+        job = SnapshotJob(
+            self._copy, self._operator, self._partition, root_id=self._root_id,
+            manifest=self._manifest,
+        )  # fmt: skip
         if self._snapshotter.schedule(job) is None:
             return False  # the previous one is still uploading: try again next commit
         self._job = job
@@ -332,7 +476,11 @@ class StateStore:
             StateKeeperError: the store is closed or failed, or the upload failed.
         """
         self._check_open()
-        metrics = self._snapshotter.run(SnapshotJob(self._copy, self._operator, self._partition))
+        job = SnapshotJob(
+            self._copy, self._operator, self._partition, root_id=self._root_id,
+            manifest=self._manifest,
+        )  # fmt: skip
+        metrics = self._snapshotter.run(job)
         self._last_snapshot = self._version
         return metrics
 
@@ -360,6 +508,7 @@ class StateStore:
         if self._state is _State.CLOSED:
             raise StateKeeperError(f"{self!r} is closed")
         self._pending = {}
+        self._attempt = None
 
     def close(self) -> None:
         """Drop uncommitted writes and release the working copy (kept on disk). Idempotent."""
@@ -389,6 +538,19 @@ class StateStore:
                 f"{self!r} cannot be used: it is {self._state.value}"
                 + ("; reopen it from the backend" if self._state is _State.FAILED else "")
             )
+
+
+def _check_order(order: object) -> Order:
+    if (
+        not isinstance(order, tuple)
+        or len(order) != len(PLAIN_ORDER)
+        or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in order)
+    ):
+        raise ValueError(
+            "order must be a tuple of 4 ints >= 0 (generation, stage id, stage attempt, "
+            f"task attempt), got {order!r}"
+        )
+    return order
 
 
 def _as_key(key: object) -> bytes:

@@ -29,13 +29,15 @@ from collections.abc import Iterable, Iterator
 import rocksdict
 
 from statekeeper.errors import StateKeeperError
+from statekeeper.manifest import LEGACY_ATTEMPT
 
 __all__ = ["WorkingCopy"]
 
 _log = logging.getLogger(__name__)
 
 LABEL_KEY = b""
-# Label value: version (uint64), dirty flag (uint8), then the root id in UTF-8. The dirty
+# Label value: version (uint64), dirty flag (uint8), then the root id in UTF-8 and, from
+# format 2, a NUL and the id of the attempt whose content the version is. The dirty
 # flag is set while the data holds a version not yet durable in the blob store (snapshot
 # mode applies locally before the snapshot upload that commits it); such a copy is never
 # reused as a committed version.
@@ -124,13 +126,22 @@ class WorkingCopy:
 
     # -- labels ---------------------------------------------------------------------------
 
-    def _label(self) -> tuple[int, bool, str] | None:
+    def _label(self) -> tuple[int, bool, str, str] | None:
         raw = self._db.get(LABEL_KEY)
         if raw is None:
             return None
         raw = bytes(raw)
         version, dirty = _LABEL.unpack_from(raw)
-        return int(version), bool(dirty), raw[_LABEL.size :].decode("utf-8")
+        root_id, _, attempt = raw[_LABEL.size :].decode("utf-8").partition("\0")
+        if not attempt and version:
+            attempt = LEGACY_ATTEMPT  # labelled by statekeeper 0.1
+        return int(version), bool(dirty), root_id, attempt
+
+    @property
+    def attempt(self) -> str:
+        """The attempt whose content the labelled version is (``""`` if unlabelled or 0)."""
+        label = self._label()
+        return "" if label is None else label[3]
 
     @property
     def version(self) -> int | None:
@@ -212,9 +223,11 @@ class WorkingCopy:
         *,
         version: int,
         root_id: str,
+        attempt: str,
         dirty: bool = False,
     ) -> None:
-        """Apply puts (value) and deletes (``None``) and label the copy ``version``, atomically.
+        """Apply puts (value) and deletes (``None``) and label the copy ``version`` of
+        ``attempt``, atomically.
 
         With ``dirty`` the copy is also marked as holding a version not yet durable in the
         blob store, until :meth:`mark_clean`.
@@ -228,7 +241,8 @@ class WorkingCopy:
                 batch.delete(key)
             else:
                 batch.put(key, value)
-        batch.put(LABEL_KEY, _LABEL.pack(version, dirty) + root_id.encode("utf-8"))
+        label = root_id + ("\0" + attempt if attempt else "")
+        batch.put(LABEL_KEY, _LABEL.pack(version, dirty) + label.encode("utf-8"))
         self._write(batch)
 
     def mark_clean(self) -> None:
@@ -240,7 +254,7 @@ class WorkingCopy:
         label = self._label()
         if label is None:
             raise StateKeeperError(f"the local working copy {self.path} holds no version")
-        self.apply((), version=label[0], root_id=label[2])
+        self.apply((), version=label[0], root_id=label[2], attempt=label[3])
 
     def _write(self, batch: rocksdict.WriteBatch) -> None:
         try:
@@ -251,8 +265,9 @@ class WorkingCopy:
                 f"cannot write to the local working copy {self.path}: {exc}"
             ) from exc
 
-    def checkpoint(self, path: str) -> int:
-        """Create a RocksDB checkpoint (hard links) at ``path``; returns its version label.
+    def checkpoint(self, path: str) -> tuple[int, str]:
+        """Create a RocksDB checkpoint (hard links) at ``path``; returns its version label
+        and attempt.
 
         Raises:
             StateKeeperError: the copy is unlabelled or closed, or RocksDB failed.
@@ -260,7 +275,7 @@ class WorkingCopy:
         with self._lock:
             if self._closed:
                 raise StateKeeperError(f"the local working copy {self.path} is closed")
-            label = self.label
+            label = self._label()
             if label is None:
                 raise StateKeeperError(f"the local working copy {self.path} holds no version")
             try:
@@ -271,7 +286,7 @@ class WorkingCopy:
                 ) from exc
             # The checkpoint flushed the memtables: the copy is durable up to here too.
             self._last_flush = time.monotonic()
-        return label
+        return label[0], label[3]
 
     def flush_if_due(self) -> bool:
         """Flush memtables if the local checkpoint interval has passed; True if flushed."""
