@@ -135,7 +135,7 @@ class Root:
     @cached_property
     def listing(self) -> RootListing:
         """One listing of the whole root (made on first use)."""
-        return RootListing.of(self.blobs)
+        return RootListing.of(self.blobs, root_id=self.meta.root_id)
 
     def require_operator(self, operator: str) -> None:
         """Raise a usage error unless the root records ``operator``."""
