@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import statekeeper as sk
-from statekeeper import layout
+from statekeeper.history import StoreHistory
+from tests.blobstores import store_history
 
 
 def _build(tmp_path: Path) -> sk.StateBackend:
@@ -37,12 +38,18 @@ def _flip(path: Path, offset: int = -5) -> None:
     path.write_bytes(bytes(data))
 
 
+def _history(tmp_path: Path) -> StoreHistory:
+    config = sk.StoreConfig(local_dir=str(tmp_path / "k"))
+    return store_history(sk.StateBackend(str(tmp_path / "root"), config=config), "op", 0)
+
+
 def _kinds(tmp_path: Path) -> dict[str, str]:
     root = tmp_path / "root"
     files = sorted(p for p in (root / "op/0/files").iterdir())
+    history = _history(tmp_path)
     return {
-        "changelog": layout.changelog_key("op", 0, 22),
-        "index": layout.snapshot_index_key("op", 0, 20),
+        "changelog": history.changelog_key(22),
+        "index": history.index_key(20),
         "file": f"op/0/files/{max(files, key=lambda p: p.stat().st_size).name}",
     }
 
@@ -76,7 +83,7 @@ def test_a_missing_blob_is_found_without_deep(tmp_path: Path, kind: str) -> None
     backend = _build(tmp_path)
     assert backend.versions("op", 0)[0] == 10
     # the base snapshot: without it versions 11-19 are lost
-    key = layout.snapshot_index_key("op", 0, 10) if kind == "index" else _kinds(tmp_path)[kind]
+    key = _history(tmp_path).index_key(10) if kind == "index" else _kinds(tmp_path)[kind]
     (tmp_path / "root" / key).unlink()
     report = backend.verify(deep=False)
     assert not report.ok
@@ -85,10 +92,11 @@ def test_a_missing_blob_is_found_without_deep(tmp_path: Path, kind: str) -> None
 
 def test_truncated_changelog_is_found_without_deep(tmp_path: Path) -> None:
     backend = _build(tmp_path)
-    path = tmp_path / "root" / layout.changelog_key("op", 0, 23)
+    path = tmp_path / "root" / _history(tmp_path).changelog_key(23)
     path.write_bytes(path.read_bytes()[:-10])
     problems = backend.verify(deep=False).problems
-    assert [p.kind for p in problems] == ["corrupt"]
+    assert [p.kind for p in problems] == ["corrupt", "unrestorable"]
+    assert "versions 23-25" in problems[1].message  # what the broken changelog costs
 
 
 def test_open_falls_back_to_an_older_snapshot_and_logs_a_warning(
@@ -112,7 +120,7 @@ def test_corrupt_changelog_with_no_way_around_is_an_error_naming_blob_and_store(
     tmp_path: Path,
 ) -> None:
     _build(tmp_path)
-    key = layout.changelog_key("op", 0, 23)
+    key = _history(tmp_path).changelog_key(23)
     _flip(tmp_path / "root" / key)
     cold = sk.StateBackend(
         str(tmp_path / "root"), config=sk.StoreConfig(local_dir=str(tmp_path / "cold"))

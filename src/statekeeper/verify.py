@@ -20,6 +20,7 @@ from statekeeper import layout
 from statekeeper.changelog import HEADER_SIZE, decode_changelog, read_header
 from statekeeper.errors import CorruptStateError, StateKeeperError, StateNotFoundError
 from statekeeper.history import StoreHistory, ranges
+from statekeeper.manifest import read_newest_manifest
 from statekeeper.metrics import decode_commit_metrics
 from statekeeper.snapshot import FileIndex, SnapshotIndex, iter_files
 from statekeeper.storage import BlobMeta, BlobStore
@@ -65,14 +66,21 @@ def verify_root(
     *,
     deep: bool = True,
     progress: Progress | None = None,
+    root_id: str = "",
 ) -> VerifyReport:
     """Check every store of ``operators`` in the root.
+
+    A store with manifests (format 2) is checked against its newest manifest: every blob it
+    names must exist (and, with ``deep``, pass its checksums) and hold the version it is named
+    for; blobs it does not name are not problems (losing attempts and what a GC run has not
+    removed yet, which the next GC removes). A format-1 store is checked from its listing.
 
     Args:
         blobs: the root's blob store.
         operators: operator names (from the root metadata).
         deep: also download every blob and verify every checksum.
         progress: called with (blobs done, blobs in total) as the check advances.
+        root_id: the root's id (manifests of another root are reported corrupt).
 
     Raises:
         StorageError: a listing or read failed for a reason other than a missing blob.
@@ -83,7 +91,13 @@ def verify_root(
     total = sum(len(metas) for _, _, metas in stores)
     for operator, partition, metas in stores:
         report.stores += 1
-        _StoreCheck(blobs, operator, partition, metas, report, deep).run(progress, total)
+        check = _StoreCheck(blobs, operator, partition, metas, report, deep)
+        if any(layout.parse_manifest_key(m.key) is not None for m in metas):
+            check.run_manifest(progress, total, root_id)
+        else:
+            check.run(progress, total)
+    if progress is not None:
+        progress(total, total)  # blobs no manifest names are not read: done all the same
     report.duration_s = time.monotonic() - started
     _log.info(
         "verify%s: %d stores, %d blobs, %d bytes checked, %d problems (%.2fs)",
@@ -95,6 +109,12 @@ def verify_root(
         report.duration_s,
     )
     return report
+
+
+def _needs(history: StoreHistory, version: int) -> set[int]:
+    """Versions whose blobs every way of restoring ``version`` needs (its plan's)."""
+    plan = history.plan(version, None)
+    return {plan.base, *plan.replay} if plan.base_kind == "snapshot" else set(plan.replay)
 
 
 def _by_partition(blobs: BlobStore, operator: str) -> dict[int, list[BlobMeta]]:
@@ -147,6 +167,47 @@ class _StoreCheck:
         self._check_restorable(changelogs, indexes, prev_keys - set(self.metas))
         self._advance(progress, total)
 
+    def run_manifest(self, progress: Progress | None, total: int, root_id: str) -> None:
+        """Check what the newest manifest names (format 2)."""
+        try:
+            manifest = read_newest_manifest(
+                self.blobs, root_id=root_id, operator=self.operator, partition=self.partition,
+                keys=list(self.metas),
+            )  # fmt: skip
+        except CorruptStateError as exc:
+            self.problem(layout.manifest_prefix(self.operator, self.partition), "corrupt", str(exc))
+            return
+        assert manifest is not None
+        broken: set[int] = set()
+        indexes = {s.version: s.index_blob for s in manifest.snapshots}
+        for version, key in indexes.items():
+            index = self._load_index(key, version)
+            self._advance(progress, total)
+            if index is None:
+                broken.add(version)
+                continue
+            before = len(self.report.problems)
+            for rel, entry in iter_files(index.dir_index):
+                self._check_file(key, rel, entry)
+            if len(self.report.problems) > before:
+                broken.add(version)
+        for ve in manifest.versions:
+            if ve.kind == "changelog":
+                before = len(self.report.problems)
+                self._check_changelog(ve.blob, ve.version)
+                self._advance(progress, total)
+                if len(self.report.problems) > before:
+                    broken.add(ve.version)
+        history = StoreHistory.from_manifest(manifest)
+        lost = [v for v in history.restorable_versions() if _needs(history, v) & broken]
+        if lost:
+            self.problem(
+                layout.manifest_key(self.operator, self.partition, manifest.seq),
+                "unrestorable",
+                f"store {self.store}: versions {ranges(set(lost))} are committed but cannot be "
+                "restored (a changelog or snapshot they need is missing or corrupt)",
+            )
+
     def _advance(self, progress: Progress | None, total: int) -> None:
         if progress is not None:
             progress(self.report.blobs_checked, total)
@@ -176,12 +237,14 @@ class _StoreCheck:
                 "restored (a changelog or snapshot they need is missing)",
             )
 
-    def _check_changelog(self, key: str) -> None:
-        size = self.metas[key].size
+    def _check_changelog(self, key: str, version: int | None = None) -> None:
         try:
+            if key not in self.metas:
+                raise StateNotFoundError(f"changelog {key} is missing")
+            size = self.metas[key].size
             if self.deep:
                 data = self.blobs.get(key)
-                decode_changelog(data, blob=key)
+                header = decode_changelog(data, blob=key).header
                 self.report.bytes_checked += len(data)
             else:
                 header = read_header(self.blobs.get_range(key, 0, HEADER_SIZE), blob=key)
@@ -190,6 +253,14 @@ class _StoreCheck:
                         f"changelog {key} is not valid: expected {header.blob_length} bytes "
                         f"from its header, found {size}"
                     )
+            if version is not None and (header.base_version, header.version) != (
+                version - 1,
+                version,
+            ):
+                raise CorruptStateError(
+                    f"changelog {key} is named for version {version} but holds versions "
+                    f"{header.base_version} -> {header.version}"
+                )
         except StateNotFoundError as exc:
             self.problem(key, "missing", f"store {self.store}: {exc}")
         except CorruptStateError as exc:
@@ -206,7 +277,7 @@ class _StoreCheck:
         except (CorruptStateError, StateNotFoundError) as exc:
             self.problem(key, "corrupt", f"store {self.store}: {exc}")
 
-    def _load_index(self, key: str) -> SnapshotIndex | None:
+    def _load_index(self, key: str, version: int | None = None) -> SnapshotIndex | None:
         self.report.blobs_checked += 1
         try:
             data = self.blobs.get(key)
@@ -219,7 +290,8 @@ class _StoreCheck:
             self.problem(key, "corrupt", f"store {self.store}: {exc}")
             return None
         meta = index.metadata
-        expected = (self.operator, self.partition, layout.parse_snapshot_key(key))
+        wanted = layout.parse_snapshot_key(key) if version is None else version
+        expected = (self.operator, self.partition, wanted)
         if (meta.operator, meta.partition, meta.version) != expected:
             self.problem(
                 key,

@@ -254,7 +254,11 @@ class StateBackend:
         Raises:
             StorageError: a listing or read failed for a reason other than a missing blob.
         """
-        return verify_root(self._blobs, self._operators(), deep=deep, progress=progress)
+        meta = self._registry.read()
+        return verify_root(
+            self._blobs, self._operators(), deep=deep, progress=progress,
+            root_id="" if meta is None else meta.root_id,
+        )  # fmt: skip
 
     def _operators(self) -> list[str]:
         return sorted(self.operators())
