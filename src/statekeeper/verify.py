@@ -9,6 +9,7 @@ their index.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -111,12 +112,6 @@ def verify_root(
     return report
 
 
-def _needs(history: StoreHistory, version: int) -> set[int]:
-    """Versions whose blobs every way of restoring ``version`` needs (its plan's)."""
-    plan = history.plan(version, None)
-    return {plan.base, *plan.replay} if plan.base_kind == "snapshot" else set(plan.replay)
-
-
 def _by_partition(blobs: BlobStore, operator: str) -> dict[int, list[BlobMeta]]:
     out: dict[int, list[BlobMeta]] = {}
     for meta in blobs.list(layout.operator_prefix(operator)):
@@ -199,7 +194,11 @@ class _StoreCheck:
                 if len(self.report.problems) > before:
                     broken.add(ve.version)
         history = StoreHistory.from_manifest(manifest)
-        lost = [v for v in history.restorable_versions() if _needs(history, v) & broken]
+        # What a restore can still reach, falling back past broken snapshots (invariant 6).
+        usable = dataclasses.replace(
+            history, changelogs=history.changelogs - broken, snapshots=history.snapshots - broken
+        )
+        lost = sorted(set(history.restorable_versions()) - set(usable.restorable_versions()))
         if lost:
             self.problem(
                 layout.manifest_key(self.operator, self.partition, manifest.seq),
