@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import collections
+import itertools
+from typing import Any
+
 import pandas as pd
 import pyarrow as pa
 import pytest
+from pyspark.sql import Row
 
+from statekeeper.keyed import row_class
 from statekeeper.spark import OutputSchemaError
 from statekeeper.spark._output import OutputWriter, conform_batch, conform_frame
 
@@ -66,12 +72,60 @@ def test_arrow_batches_are_checked_too() -> None:
         conform_batch({"k": "a"}, SCHEMA, "here")
 
 
-def test_the_writer_batches_frames_and_refuses_non_frames() -> None:
+def test_the_writer_batches_frames_and_refuses_what_is_not_a_row() -> None:
     writer = OutputWriter(SCHEMA, "here")
     out = []
     for i in range(3):
-        out.extend(writer.add(pd.DataFrame({"k": [str(i)], "n": [i], "x": [float(i)]})))
+        out.extend(writer.extend([pd.DataFrame({"k": [str(i)], "n": [i], "x": [float(i)]})]))
     out.extend(writer.flush())
     assert sum(b.num_rows for b in out) == writer.rows_out == 3
-    with pytest.raises(OutputSchemaError, match="must yield pandas DataFrames, got tuple"):
-        list(writer.add(("a", 1)))
+    with pytest.raises(OutputSchemaError, match=r"must yield rows .* or DataFrames, got int"):
+        list(writer.extend([3]))
+    with pytest.raises(OutputSchemaError, match=r"must return an iterator .*, got dict"):
+        list(writer.extend({"k": "a", "n": 1, "x": 1.0}))
+    rows_only = OutputWriter(SCHEMA, "here", frames=False)
+    with pytest.raises(OutputSchemaError, match=r"must yield rows \(tuples, Rows or dicts\), got"):
+        list(rows_only.extend([pd.DataFrame({"k": ["a"], "n": [1], "x": [1.0]})]))
+
+
+def test_rows_of_every_shape_become_one_batch_in_schema_order() -> None:
+    Named = collections.namedtuple("Named", ["x", "k", "n"])
+    writer = OutputWriter(SCHEMA, "here")
+    items = [
+        ("a", 1, 1.5),
+        {"n": 2, "x": 2.5, "k": "b"},
+        Row(k="c", n=3, x=3.5),
+        Named(4.5, "d", 4),
+        row_class(("k", "n", "x"))("e", 5, 5.5),
+    ]
+    out = [*writer.extend(iter(items)), *writer.flush()]
+    assert len(out) == 1
+    assert out[0].schema == SCHEMA
+    assert out[0].to_pylist() == [
+        {"k": k, "n": n, "x": n + 0.5} for k, n in zip("abcde", range(1, 6), strict=True)
+    ]
+
+
+def test_rows_and_frames_keep_their_order() -> None:
+    writer = OutputWriter(SCHEMA, "here")
+    frame = pd.DataFrame({"k": ["b"], "n": [2], "x": [2.0]})
+    out = [*writer.extend([("a", 1, 1.0), frame, ("c", 3, 3.0)]), *writer.flush()]
+    assert [r["k"] for b in out for r in b.to_pylist()] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        (("a", 1), "output rows have 2 values, but output_schema has 3 columns"),
+        (("a", "1", 1.0), "column 'n' \\(declared int64\\) cannot hold a value"),
+        ((None, 1, 1.0), "column 'k' holds 1 nulls, but output_schema declares it NOT NULL"),
+        ({"k": "a", "n": 1}, "missing \\['x'\\]"),
+        ({"k": "a", "n": 1, "x": 1.0, "y": 2}, "not declared \\['y'\\]"),
+    ],
+)
+def test_a_bad_row_is_named_by_its_column(row: Any, message: str) -> None:
+    schema = pa.schema([pa.field("k", pa.string(), nullable=False), ("n", pa.int64()),
+                        ("x", pa.float64())])  # fmt: skip
+    writer = OutputWriter(schema, "here")
+    with pytest.raises(OutputSchemaError, match=message):
+        list(itertools.chain(writer.extend([row]), writer.flush()))

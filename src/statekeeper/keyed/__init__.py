@@ -30,7 +30,8 @@ from statekeeper.keyed._entries import (
 )
 from statekeeper.keyed._handles import ListState, MapState, StatefulProcessorHandle, ValueState
 from statekeeper.keyed._layout import OperatorRecord, StateDecl
-from statekeeper.keyed._processor import StatefulProcessor
+from statekeeper.keyed._processor import StatefulProcessor, input_form
+from statekeeper.keyed._rows import build_rows, row_class
 from statekeeper.keyed._tuples import decode_key, encode_key
 from statekeeper.keyed._values import Codec, DefaultCodec, PickleCodec
 
@@ -48,9 +49,12 @@ __all__ = [
     "StatefulProcessorHandle",
     "Undecoded",
     "ValueState",
+    "build_rows",
     "decode_key",
     "encode_key",
+    "input_form",
     "iter_state",
     "jsonable",
     "read_operator_record",
+    "row_class",
 ]

@@ -6,6 +6,14 @@ micro-batch timestamp (the same on every re-run of a batch, so re-runs write ide
 state): an entry expires ``ttl`` after its last write, is invisible from then on, and is
 deleted at the end of the first micro-batch that sees it expired (a sorted TTL index makes
 that cost proportional to what expires).
+
+**Reads cost what they must.** When the runner tells the handle the batch's keys in the
+order it will visit them (:meth:`StatefulProcessorHandle.visit_keys`), the first read of a
+value state (or append to a list state) in a window of the next keys fetches that state for
+the whole window with one ``multi_get``; later reads of the window are dict lookups. Only the
+states a processor touches are fetched. Every write through a handle also lands in that
+cache, so a read always sees the latest write (the store keeps the writes themselves until
+the commit). Codec methods and TTL choices are bound once per state, not looked up per call.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from statekeeper.keyed._layout import (
     LIST_ITEM,
     LIST_META,
     META_KEY,
+    NO_TTL,
     U64,
     OperatorRecord,
     StateDecl,
@@ -39,6 +48,8 @@ __all__ = ["ListState", "MapState", "StatefulProcessorHandle", "ValueState"]
 
 Ttl = float | int | dt.timedelta | None
 _S = TypeVar("_S", bound="_State")
+_WINDOW = 2048
+"""Keys per prefetch: large enough to amortize a multi_get, small enough to bound memory."""
 
 
 class StatefulProcessorHandle:
@@ -58,6 +69,13 @@ class StatefulProcessorHandle:
         self._key: tuple[Any, ...] | None = None
         self._key_bytes: bytes | None = None
         self._states: dict[str, _State] = {}
+        # Prefetch: the batch's encoded keys, the position of the current one, the window
+        # [position, _window_end) cached, and which (state prefix + suffix) were fetched.
+        self._keys: list[bytes] = []
+        self._position = -1
+        self._window_end = 0
+        self._cache: dict[bytes, bytes | None] = {}
+        self._filled: set[bytes] = set()
 
     @property
     def batch_id(self) -> int:
@@ -161,13 +179,57 @@ class StatefulProcessorHandle:
             self._store.put(META_KEY, data)
 
     def set_key(self, key: tuple[Any, ...] | None) -> None:
-        """Bind the states to ``key`` (``None``: unbind).
+        """Bind the states to ``key`` (``None``: unbind), without prefetching.
 
         Raises:
             TypeError: a key element has a type keys cannot hold.
         """
         self._key = key
         self._key_bytes = None if key is None else encode_key(key)
+        self._keys, self._position, self._window_end = [], -1, 0
+        self._cache.clear()
+        self._filled.clear()
+
+    def visit_keys(self, encoded: list[bytes]) -> None:
+        """Announce the encoded keys of the batch, in the order :meth:`select` will visit
+        them, so that the states read for them can be prefetched in windows."""
+        self.set_key(None)
+        self._keys = encoded
+
+    def select(self, position: int, key: tuple[Any, ...]) -> None:
+        """Bind the states to the key at ``position`` of :meth:`visit_keys` (``key`` is its
+        tuple); positions must not decrease."""
+        self._key = key
+        self._key_bytes = self._keys[position]
+        self._position = position
+        if position >= self._window_end:
+            self._window_end = position + _WINDOW
+            self._cache = {}
+            self._filled = set()
+
+    def _prefetched(self, data_key: bytes, prefix: bytes, suffix: bytes) -> bytes | None:
+        """The raw value of ``data_key`` = ``prefix`` + current key + ``suffix``, fetching
+        ``prefix`` + key + ``suffix`` for the rest of the window on the first read."""
+        fill = prefix + suffix
+        if fill not in self._filled and self._position >= 0:
+            self._filled.add(fill)
+            keys = [prefix + k + suffix for k in self._keys[self._position : self._window_end]]
+            self._cache.update(zip(keys, self._store.multi_get(keys), strict=True))
+        return self._get(data_key)
+
+    def _get(self, data_key: bytes) -> bytes | None:
+        cache = self._cache
+        if data_key in cache:
+            return cache[data_key]
+        return self._store.get(data_key)
+
+    def _put(self, data_key: bytes, raw: bytes) -> None:
+        self._store.put(data_key, raw)
+        self._cache[data_key] = raw
+
+    def _delete(self, data_key: bytes) -> None:
+        self._store.delete(data_key)
+        self._cache[data_key] = None
 
     def expire(self) -> int:
         """Delete every entry whose TTL has passed; returns how many entries were deleted."""
@@ -228,6 +290,9 @@ class _State:
         self.codec = codec
         self._prefix = state_prefix(name)
         self._ttl_prefix = ttl_prefix(name)
+        # Bound once: a read or write costs no attribute lookups on the codec.
+        self._encode = codec.encode
+        self._decode = codec.decode
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, ttl_ms={self.ttl_ms})"
@@ -236,34 +301,36 @@ class _State:
         return self._prefix + self._handle.current_key_bytes()
 
     def _read(self, data_key: bytes) -> tuple[bool, Any]:
-        raw = self._store.get(data_key)
+        raw = self._handle._get(data_key)
         if raw is None:
             return False, None
         return self._live(raw)
 
     def _live(self, raw: bytes) -> tuple[bool, Any]:
+        if raw[:1] == NO_TTL:
+            return True, self._decode(raw[1:])
         expiry, payload = unwrap(raw)
         if expiry is not None and expiry <= self._handle.now_ms():
             return False, None
-        return True, self.codec.decode(payload)
+        return True, self._decode(payload)
 
     def _write(self, data_key: bytes, value: Any) -> None:
-        payload = self.codec.encode(value)
+        payload = self._encode(value)
         if self.ttl_ms is None:
-            self._store.put(data_key, wrap(payload, None))
+            self._handle._put(data_key, NO_TTL + payload)
             return
         self._drop_index(data_key)
         expiry = self._handle.now_ms() + self.ttl_ms
         self._store.put(self._ttl_prefix + U64.pack(expiry) + data_key, b"")
-        self._store.put(data_key, wrap(payload, expiry))
+        self._handle._put(data_key, wrap(payload, expiry))
 
     def _delete(self, data_key: bytes) -> None:
         if self.ttl_ms is not None:
             self._drop_index(data_key)
-        self._store.delete(data_key)
+        self._handle._delete(data_key)
 
     def _drop_index(self, data_key: bytes) -> None:
-        raw = self._store.get(data_key)
+        raw = self._handle._get(data_key)
         if raw is not None:
             expiry, _ = unwrap(raw)
             if expiry is not None:
@@ -287,9 +354,9 @@ class _State:
         deleted = 0
         for index_key, expiry, data_key in expired:
             self._store.delete(index_key)
-            raw = self._store.get(data_key)
+            raw = self._handle._get(data_key)
             if raw is not None and unwrap(raw)[0] == expiry:
-                self._store.delete(data_key)
+                self._handle._delete(data_key)
                 deleted += 1
                 self._after_expire(data_key)
         return deleted
@@ -303,13 +370,21 @@ class ValueState(_State):
 
     kind = "value"
 
+    def _current(self) -> tuple[bool, Any]:
+        handle = self._handle
+        data_key = self._prefix + handle.current_key_bytes()
+        raw = handle._prefetched(data_key, self._prefix, b"")
+        if raw is None:
+            return False, None
+        return self._live(raw)
+
     def get(self) -> Any:
         """The value, or ``None`` if unset or expired."""
-        return self._read(self._base())[1]
+        return self._current()[1]
 
     def exists(self) -> bool:
         """True if a live value is set."""
-        return self._read(self._base())[0]
+        return self._current()[0]
 
     def update(self, value: Any) -> None:
         """Set the value (and restart its TTL).
@@ -408,14 +483,14 @@ class ListState(_State):
         """
         base = self._base()
         meta_key = base + LIST_META
-        raw = self._store.get(meta_key)
+        raw = self._handle._prefetched(meta_key, self._prefix, LIST_META)
         seq = 0 if raw is None else U64.unpack(raw)[0]
         start = seq
         for value in values:
             self._write(base + LIST_ITEM + U64.pack(seq), value)
             seq += 1
         if seq != start:
-            self._store.put(meta_key, U64.pack(seq))
+            self._handle._put(meta_key, U64.pack(seq))
 
     def put(self, values: Iterable[Any]) -> None:
         """Replace the whole list.
@@ -432,9 +507,9 @@ class ListState(_State):
         base = self._base()
         for data_key, _ in list(self._store.scan(base + LIST_ITEM)):
             self._delete(data_key)
-        self._store.delete(base + LIST_META)
+        self._handle._delete(base + LIST_META)
 
     def _after_expire(self, data_key: bytes) -> None:
         base = data_key[: -(len(LIST_ITEM) + U64.size)]
         if next(iter(self._store.scan(base + LIST_ITEM)), None) is None:
-            self._store.delete(base + LIST_META)  # the whole list expired
+            self._handle._delete(base + LIST_META)  # the whole list expired

@@ -32,6 +32,7 @@ __all__ = [
     "LIST_ITEM",
     "LIST_META",
     "META_KEY",
+    "NO_TTL",
     "TTL_INDEX",
     "U64",
     "OperatorRecord",
@@ -51,7 +52,8 @@ LIST_META = b"\x00"
 LIST_ITEM = b"\x01"
 U64 = struct.Struct(">Q")
 
-_NO_TTL = b"\x00"
+NO_TTL = b"\x00"
+"""The TTL byte of a value without expiry."""
 _WITH_TTL = 0x01
 _RECORD_FORMAT = "statekeeper.spark.operator"
 _RECORD_VERSION = 1
@@ -90,7 +92,7 @@ def ttl_prefix(name: str) -> bytes:
 def wrap(payload: bytes, expiry_ms: int | None) -> bytes:
     """A stored value: TTL byte (and expiry), then the codec's bytes."""
     if expiry_ms is None:
-        return _NO_TTL + payload
+        return NO_TTL + payload
     return bytes((_WITH_TTL,)) + U64.pack(expiry_ms) + payload
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from statekeeper.keyed._handles import StatefulProcessorHandle
 
-__all__ = ["StatefulProcessor"]
+__all__ = ["ROW_FORMS", "StatefulProcessor", "input_form"]
+
+ROW_FORMS = ("pandas", "row")
 
 
 class StatefulProcessor(abc.ABC):
@@ -20,10 +22,26 @@ class StatefulProcessor(abc.ABC):
     when the micro-batch commits; if any call raises, none of the partition's writes are kept
     and Spark retries the task from the last committed state.
 
+    **Two forms**, chosen per processor class by the class attribute :attr:`rows`:
+
+    * ``rows = "pandas"`` (the default, after ``transformWithStateInPandas``): ``rows`` is a
+      pandas DataFrame of the key's rows.
+    * ``rows = "row"`` (after Spark 4.1's Row-based ``transformWithState``): ``rows`` is a
+      list of lightweight rows, tuples with named access (``row.v``, ``row["v"]``,
+      ``row[1]``, ``row.asDict()``). Several times cheaper per key than a DataFrame.
+
+    In both forms ``handle_input_rows`` yields output rows as tuples (by position, in the
+    order of ``output_schema``), ``pyspark.sql.Row``\\ s or namedtuples (by field name), or
+    dicts (by key); the pandas form may also yield DataFrames. Rows are collected column by
+    column into Arrow batches, without a DataFrame per key.
+
     A micro-batch may be re-run (task retry, query restart); its state changes must then be
     the same, so a processor must be deterministic for a given input: measure time with
     ``handle.batch_timestamp_ms``, not the wall clock.
     """
+
+    rows: ClassVar[str] = "pandas"
+    """How ``handle_input_rows`` receives a key's rows: ``"pandas"`` or ``"row"``."""
 
     @abc.abstractmethod
     def init(self, handle: StatefulProcessorHandle) -> None:
@@ -31,12 +49,25 @@ class StatefulProcessor(abc.ABC):
 
     @abc.abstractmethod
     def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
-        """Handle all rows of one grouping key; yield pandas DataFrames of output rows.
+        """Handle all rows of one grouping key; yield output rows (or DataFrames).
 
         Args:
             key: the key column values, in the order of ``keys``.
-            rows: a pandas DataFrame with every input column of this key's rows.
+            rows: the key's rows in arrival order: a pandas DataFrame with every input
+                column, or (``rows = "row"``) a list of rows with named access.
         """
 
     def close(self) -> None:  # noqa: B027 - optional hook, empty on purpose
         """Called after the last key of a partition that succeeded."""
+
+
+def input_form(processor: StatefulProcessor) -> str:
+    """The form ``processor`` takes its rows in: ``"pandas"`` or ``"row"``.
+
+    Raises:
+        ValueError: the processor's ``rows`` attribute is neither.
+    """
+    form = getattr(processor, "rows", "pandas")
+    if form not in ROW_FORMS:
+        raise ValueError(f"{type(processor).__name__}.rows must be 'pandas' or 'row', got {form!r}")
+    return str(form)

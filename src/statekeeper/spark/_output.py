@@ -11,7 +11,7 @@ cannot type it), a narrower or wider type of the same kind that converts without
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pandas as pd  # type: ignore[import-untyped]
@@ -19,7 +19,13 @@ import pyarrow as pa  # type: ignore[import-untyped]
 
 from statekeeper.errors import StateKeeperError
 
-__all__ = ["OutputSchemaError", "OutputWriter", "conform_batch", "conform_frame"]
+__all__ = [
+    "OutputSchemaError",
+    "OutputWriter",
+    "conform_batch",
+    "conform_frame",
+    "rows_to_batch",
+]
 
 _MAX_ROWS = 8192
 _MAX_FRAMES = 1024
@@ -132,34 +138,84 @@ def conform_batch(batch: Any, schema: Any, where: str) -> Any:
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-class OutputWriter:
-    """Collects the DataFrames a processor yields into checked Arrow batches."""
+def rows_to_batch(rows: list[tuple[Any, ...]], schema: Any, where: str) -> Any:
+    """Convert tuples in the order of ``schema`` to a ``pa.RecordBatch`` of exactly it.
 
-    def __init__(self, schema: Any, where: str) -> None:
-        """Emit batches of ``schema``; ``where`` prefixes error messages."""
+    Raises:
+        OutputSchemaError: a row has another number of values, or a value does not fit its
+            column's type (the column is named).
+    """
+    widths = set(map(len, rows))
+    if widths != {len(schema)}:
+        found = sorted(widths - {len(schema)})
+        raise OutputSchemaError(
+            f"{where}: output rows have {found[0]} values, but output_schema has "
+            f"{len(schema)} columns {schema.names}"
+        )
+    arrays = []
+    for field, values in zip(schema, zip(*rows, strict=True), strict=True):
+        try:
+            array = pa.array(values, type=field.type)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            raise OutputSchemaError(
+                f"{where}: column {field.name!r} (declared {field.type}) cannot hold a value "
+                f"emitted for it: {exc}"
+            ) from exc
+        arrays.append(_conform_array(array, field, where))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+class OutputWriter:
+    """Collects what ``handle_input_rows`` yields into checked Arrow batches, in order.
+
+    Rows (tuples by position; namedtuples, ``pyspark.sql.Row``\\ s with field names, and
+    dicts by name) are gathered column by column; DataFrames (if ``frames``) are
+    concatenated. Output order is kept: a switch between rows and DataFrames closes a batch.
+    """
+
+    def __init__(self, schema: Any, where: str, *, frames: bool = True) -> None:
+        """Emit batches of ``schema``; ``where`` prefixes error messages; ``frames``: accept
+        pandas DataFrames too (the pandas form)."""
         self._schema = schema
+        self._names = tuple(schema.names)
+        self._index = {name: i for i, name in enumerate(self._names)}
         self._where = where
+        self._accept_frames = frames
+        self._rows: list[tuple[Any, ...]] = []
         self._frames: list[Any] = []
-        self._rows = 0
+        self._frame_rows = 0
+        self._orders: dict[tuple[str, ...], tuple[int, ...] | None] = {}
         self.rows_out = 0
 
-    def add(self, frame: Any) -> Iterator[Any]:
-        """Queue ``frame``; yields a batch when enough rows are queued.
+    def extend(self, out: Any) -> Iterator[Any]:
+        """Queue everything one ``handle_input_rows`` call returned; yields full batches.
 
         Raises:
-            OutputSchemaError: ``frame`` is not a DataFrame, or a batch does not conform.
+            OutputSchemaError: an item is not a row (or DataFrame), or a batch does not
+                conform.
         """
-        if not isinstance(frame, pd.DataFrame):
-            raise OutputSchemaError(
-                f"{self._where}: handle_input_rows must yield pandas DataFrames, got "
-                f"{type(frame).__name__}"
-            )
-        if len(frame) == 0:
+        if out is None:
             return
-        self._frames.append(frame)
-        self._rows += len(frame)
-        if self._rows >= _MAX_ROWS or len(self._frames) >= _MAX_FRAMES:
-            yield self._drain()
+        if isinstance(out, pd.DataFrame) and self._accept_frames:
+            out = (out,)  # returned instead of yielded
+        if isinstance(out, pd.DataFrame | dict) or not isinstance(out, Iterable):
+            raise OutputSchemaError(
+                f"{self._where}: handle_input_rows must return an iterator (yield rows), got "
+                f"{type(out).__name__}"
+            )
+        rows = self._rows
+        append = rows.append
+        for item in out:
+            if type(item) is tuple:
+                if self._frames:
+                    yield from self._drain_frames()
+                append(item)
+            else:
+                yield from self._add_other(item)
+        if len(rows) >= _MAX_ROWS:
+            yield self._drain_rows()
+        elif self._frame_rows >= _MAX_ROWS or len(self._frames) >= _MAX_FRAMES:
+            yield from self._drain_frames()
 
     def flush(self) -> Iterator[Any]:
         """Yield whatever is still queued.
@@ -167,14 +223,67 @@ class OutputWriter:
         Raises:
             OutputSchemaError: a batch does not conform.
         """
-        if self._frames:
-            yield self._drain()
+        if self._rows:
+            yield self._drain_rows()
+        yield from self._drain_frames()
 
-    def _drain(self) -> Any:
-        frames, self._frames, self._rows = self._frames, [], 0
-        for frame in frames:
-            _check_names([str(c) for c in frame.columns], self._schema, self._where)
+    def _add_other(self, item: Any) -> Iterator[Any]:
+        if isinstance(item, pd.DataFrame) and self._accept_frames:
+            if self._rows:
+                yield self._drain_rows()
+            if len(item):
+                _check_names([str(c) for c in item.columns], self._schema, self._where)
+                self._frames.append(item)
+                self._frame_rows += len(item)
+            return
+        row = self._as_row(item)
+        if self._frames:
+            yield from self._drain_frames()
+        self._rows.append(row)
+
+    def _as_row(self, item: Any) -> tuple[Any, ...]:
+        """A tuple in schema order from a dict, a named row or a tuple subclass."""
+        if isinstance(item, dict):
+            names = tuple(item)
+            order = self._order(names)
+            values = tuple(item.values())
+        elif isinstance(item, tuple):
+            fields = getattr(item, "__fields__", None) or getattr(item, "_fields", None)
+            if not fields:
+                return tuple(item)
+            order = self._order(tuple(fields))
+            values = tuple(item)
+        else:
+            what = "rows (tuples, Rows or dicts)" + (
+                " or DataFrames" if self._accept_frames else ""
+            )
+            raise OutputSchemaError(
+                f"{self._where}: handle_input_rows must yield {what}, got {type(item).__name__}"
+            )
+        return values if order is None else tuple(values[i] for i in order)
+
+    def _order(self, names: tuple[str, ...]) -> tuple[int, ...] | None:
+        """Positions that put values named ``names`` in schema order (``None``: as is)."""
+        if names == self._names:
+            return None
+        if names not in self._orders:
+            _check_names(list(names), self._schema, self._where)
+            where = {name: i for i, name in enumerate(names)}
+            self._orders[names] = tuple(where[n] for n in self._names)
+        return self._orders[names]
+
+    def _drain_rows(self) -> Any:
+        rows = self._rows.copy()
+        self._rows.clear()  # in place: extend() holds its append method
+        batch = rows_to_batch(rows, self._schema, self._where)
+        self.rows_out += batch.num_rows
+        return batch
+
+    def _drain_frames(self) -> Iterator[Any]:
+        if not self._frames:
+            return
+        frames, self._frames, self._frame_rows = self._frames, [], 0
         frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
         batch = conform_frame(frame, self._schema, self._where)
         self.rows_out += batch.num_rows
-        return batch
+        yield batch

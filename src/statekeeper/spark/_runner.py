@@ -1,5 +1,10 @@
 """Running one partition of one micro-batch: grouping, the processor, the vectorized function.
 
+The per-key path sorts the partition's input by key once, then hands each key its rows as a
+slice: a pandas DataFrame cut by one groupby over the sorted table (the pandas form) or a
+list of lightweight rows sliced from one list built column-wise (the Row form). The keys are
+encoded once and announced to the handle, which prefetches the states the processor reads.
+
 Nothing here knows Spark; the task functions in ``_transform`` feed it Arrow batches and a
 leased store, and tests drive it directly with an explicit clock.
 """
@@ -11,11 +16,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd  # type: ignore[import-untyped]
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-from statekeeper.keyed import StatefulProcessor, StatefulProcessorHandle
+from statekeeper.keyed import (
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    build_rows,
+    encode_key,
+    input_form,
+)
 from statekeeper.spark._output import OutputWriter, conform_batch
 from statekeeper.store import StateStore
 
@@ -45,17 +55,52 @@ def iter_groups(table: Any, keys: Sequence[str]) -> Iterator[tuple[tuple[Any, ..
     Rows keep their arrival order within a key (the sort is stable). Nulls form their own
     key, and so do NaNs, as in Spark's grouping.
     """
-    if table.num_rows == 0:
-        return
-    # Nulls sort last by default; NaNs just before them.
-    order = pc.sort_indices(table, sort_keys=[(k, "ascending") for k in keys])
-    ordered = table.take(order)
-    starts = _group_starts(ordered, keys)
-    key_columns = [ordered.column(k).take(pa.array(starts)).to_pylist() for k in keys]
-    frame = ordered.to_pandas()
-    bounds = [*starts.tolist(), ordered.num_rows]
-    for i, key in enumerate(zip(*key_columns, strict=True)):
-        yield key, frame.iloc[bounds[i] : bounds[i + 1]]
+    grouped = _Grouped.of(table, keys)
+    if grouped is not None:
+        yield from zip(grouped.keys, grouped.frames(), strict=True)
+
+
+@dataclass
+class _Grouped:
+    """A table sorted by its keys: the key tuples, and where each key's rows start."""
+
+    ordered: Any
+    starts: Any
+    keys: list[tuple[Any, ...]]
+
+    @classmethod
+    def of(cls, table: Any, keys: Sequence[str]) -> _Grouped | None:
+        """Sort ``table`` by ``keys`` (stable); ``None`` if it has no rows."""
+        if table.num_rows == 0:
+            return None
+        # Nulls sort last by default; NaNs just before them.
+        order = pc.sort_indices(table, sort_keys=[(k, "ascending") for k in keys])
+        ordered = table.take(order)
+        starts = _group_starts(ordered, keys)
+        at = pa.array(starts)
+        columns = [ordered.column(k).take(at).to_pylist() for k in keys]
+        return cls(ordered, starts, list(zip(*columns, strict=True)))
+
+    def bounds(self) -> list[int]:
+        """``bounds[i]:bounds[i + 1]`` are the rows of key ``i``."""
+        return [*self.starts.tolist(), self.ordered.num_rows]
+
+    def frames(self) -> Iterator[Any]:
+        """One pandas DataFrame per key, in key order: slices of one frame, cut by a pandas
+        groupby on the (already sorted) group numbers, which is cheaper than ``iloc``."""
+        frame = self.ordered.to_pandas()
+        sizes = np.diff(np.asarray(self.bounds()))
+        groups = np.repeat(np.arange(len(sizes)), sizes)
+        for _, rows in frame.groupby(groups, sort=False):
+            yield rows
+
+    def rows(self) -> Iterator[list[Any]]:
+        """One list of lightweight rows per key, in key order."""
+        columns = [column.to_pylist() for column in self.ordered.columns]
+        every = build_rows(self.ordered.column_names, columns)
+        bounds = self.bounds()
+        for i in range(len(bounds) - 1):
+            yield every[bounds[i] : bounds[i + 1]]
 
 
 def _group_starts(table: Any, keys: Sequence[str]) -> Any:
@@ -72,18 +117,6 @@ def _group_starts(table: Any, keys: Sequence[str]) -> Any:
             differs = pc.and_(differs, pc.invert(both_nan))
         change |= differs.to_numpy(zero_copy_only=False)
     return np.concatenate([[0], np.flatnonzero(change) + 1]).astype(np.int64)
-
-
-def _frames(out: Any, where: str) -> Iterable[Any]:
-    if out is None:
-        return ()
-    if isinstance(out, pd.DataFrame):
-        return (out,)
-    if isinstance(out, Iterable):
-        return out
-    raise TypeError(
-        f"{where}: handle_input_rows must return an iterator of DataFrames, got {out!r}"
-    )
 
 
 def run_processor(
@@ -111,16 +144,21 @@ def run_processor(
     """
     stats = stats if stats is not None else RunStats()
     stats.rows_in += table.num_rows
+    form = input_form(processor)
     where = f"operator {operator!r} partition {partition} micro-batch {batch_id}"
     handle = StatefulProcessorHandle(store, now_ms=now_ms, batch_id=batch_id, partition=partition)
     processor.init(handle)
     handle.record_operator(keys, key_schema=key_schema, operator=operator)
-    writer = OutputWriter(output_schema, where)
-    for key, rows in iter_groups(table, keys):
-        handle.set_key(key)
-        stats.keys += 1
-        for frame in _frames(processor.handle_input_rows(key, rows), where):
-            yield from writer.add(frame)
+    writer = OutputWriter(output_schema, where, frames=form == "pandas")
+    grouped = _Grouped.of(table, keys)
+    if grouped is not None:
+        handle.visit_keys([encode_key(key) for key in grouped.keys])
+        inputs = grouped.rows() if form == "row" else grouped.frames()
+        select, handle_rows, extend = handle.select, processor.handle_input_rows, writer.extend
+        for position, (key, rows) in enumerate(zip(grouped.keys, inputs, strict=True)):
+            select(position, key)
+            yield from extend(handle_rows(key, rows))
+        stats.keys += len(grouped.keys)
     handle.set_key(None)
     processor.close()
     yield from writer.flush()

@@ -1,0 +1,176 @@
+"""In-process per-key cost of the processor forms, without Spark.
+
+One partition's run (:func:`statekeeper.spark._runner.run_processor`, what a Spark task runs
+after collecting its input) over ``--keys`` distinct keys, one row each, against a real
+RocksDB store that already holds every key: per key one value-state ``get``, one ``update``
+and one output row. Reported: microseconds per key for
+
+* ``row``: the Row form (``rows = "row"``), yielding a tuple;
+* ``pandas``: the pandas form, yielding a tuple (rows collected without a DataFrame);
+* ``pandas_frame``: the pandas form yielding a one-row DataFrame per key (the old idiom).
+
+Each form runs ``--repeat`` times on a fresh batch (a new store version each time, as
+micro-batches do); the best run is reported with the median, and a cProfile of one ``row``
+run is summarized with ``--profile``.
+
+    .venv/bin/python benchmarks/per_key.py [--keys 100000] [--repeat 3] [--profile]
+        [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd  # type: ignore[import-untyped]
+import pyarrow as pa  # type: ignore[import-untyped]
+
+import statekeeper as sk
+from statekeeper.spark import StatefulProcessor
+from statekeeper.spark._runner import run_processor
+
+OUTPUT = pa.schema([("k", pa.string()), ("count", pa.int64())])
+TARGETS_US = {"row": 15.0, "pandas": 60.0}
+
+
+class RowCount(StatefulProcessor):
+    """Row form: one get, one update, one output tuple per key."""
+
+    rows = "row"
+
+    def init(self, handle: Any) -> None:
+        self.count = handle.value_state("count")
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        n = (self.count.get() or 0) + len(rows)
+        self.count.update(n)
+        yield (key[0], n)
+
+
+class PandasCount(StatefulProcessor):
+    """Pandas form: the same, rows as a DataFrame, output as a tuple."""
+
+    def init(self, handle: Any) -> None:
+        self.count = handle.value_state("count")
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        n = (self.count.get() or 0) + len(rows)
+        self.count.update(n)
+        yield (key[0], n)
+
+
+class PandasFrameCount(PandasCount):
+    """Pandas form yielding a one-row DataFrame per key, as the README's first example."""
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        n = (self.count.get() or 0) + len(rows)
+        self.count.update(n)
+        yield pd.DataFrame({"k": [key[0]], "count": [n]})
+
+
+FORMS = {"row": RowCount, "pandas": PandasCount, "pandas_frame": PandasFrameCount}
+
+
+def _input(keys: int, seed: int) -> Any:
+    """One row per key, keys in random order (as a shuffle delivers them)."""
+    ids = np.random.default_rng(seed).permutation(keys)
+    return pa.table(
+        {
+            "k": pa.array([f"user-{i:09d}" for i in ids.tolist()], pa.string()),
+            "v": pa.array(np.ones(keys, dtype=np.int64)),
+        }
+    )
+
+
+def _one_run(backend: sk.StateBackend, form: str, table: Any) -> float:
+    """Seconds of one partition's run of ``form`` over ``table``, committed afterwards."""
+    with backend.open(form, 0) as store:
+        started = time.perf_counter()
+        out = list(
+            run_processor(
+                store, FORMS[form](), table, keys=["k"], output_schema=OUTPUT, operator=form,
+                batch_id=store.version, partition=0, now_ms=0,
+            )  # fmt: skip
+        )
+        elapsed = time.perf_counter() - started
+        assert sum(b.num_rows for b in out) == table.num_rows
+        store.commit()
+    return elapsed
+
+
+def measure(keys: int, repeat: int, work: Path, profile: bool) -> dict[str, Any]:
+    """µs per key of every form (best and median of ``repeat`` runs after a warm-up run
+    that writes every key, so that each measured get finds a value)."""
+    config = sk.StoreConfig(local_dir=str(work / "local"), snapshot_every=1_000_000)
+    results: dict[str, Any] = {}
+    with sk.StateBackend(str(work / "root"), config=config) as backend:
+        for form in FORMS:
+            backend.register(form, 1)
+            _one_run(backend, form, _input(keys, 0))  # every key now holds a value
+            runs = [_one_run(backend, form, _input(keys, 1 + i)) for i in range(repeat)]
+            per_key = [s / keys * 1e6 for s in runs]
+            results[form] = {
+                "us_per_key_best": round(min(per_key), 2),
+                "us_per_key_median": round(statistics.median(per_key), 2),
+                "keys_per_s": round(keys / min(runs)),
+            }
+            if form in TARGETS_US:
+                results[form]["target_us"] = TARGETS_US[form]
+                results[form]["met"] = min(per_key) <= TARGETS_US[form]
+        if profile:
+            results["profile_row"] = _profile(backend, keys)
+    return results
+
+
+def _profile(backend: sk.StateBackend, keys: int) -> list[str]:
+    """The top functions (by own time) of one Row-form run."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    _one_run(backend, "row", _input(keys, 99))
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(15)
+    return [line for line in text.getvalue().splitlines() if line.strip()][-16:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, measure, print (and optionally write) the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keys", type=int, default=100_000, help="keys per batch")
+    parser.add_argument("--repeat", type=int, default=3, help="measured runs per form")
+    parser.add_argument("--profile", action="store_true", help="add a profile of the Row form")
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="sk-bench-per-key-") as tmp:
+        results = measure(args.keys, args.repeat, Path(tmp), args.profile)
+    summary = {
+        "benchmark": "per_key",
+        "date": time.strftime("%Y-%m-%d"),
+        "workload": {
+            "keys_per_batch": args.keys,
+            "rows_per_key": 1,
+            "repeat": args.repeat,
+            "per_key": "one value-state get, one update, one output row",
+        },
+        "results": results,
+    }
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
