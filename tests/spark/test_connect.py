@@ -1,0 +1,128 @@
+"""Spark Connect: the same code from a thin client, against a local Connect server.
+
+The server is started once for the module (``start-connect-server.sh`` from the pip
+PySpark) on a free loopback port and stopped at the end. Nothing here touches a JVM on the
+client side: metrics are read from the task reports in the checkpoint root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from pyspark import cloudpickle
+from pyspark.sql import SparkSession
+
+from statekeeper import StoreConfig
+from statekeeper.spark import (
+    batch_metrics,
+    decode_key,
+    read_state,
+    state_listener,
+    transform_with_state,
+    transform_with_state_arrow,
+)
+from tests.spark import processors
+from tests.spark.connect_server import ConnectServer, start_connect_server
+from tests.spark.helpers import (
+    OUTPUT_SCHEMA,
+    batch_totals,
+    make_input,
+    read_stream,
+    run_to_end,
+    sink_latest,
+    state_totals,
+    write_files,
+)
+from tests.spark.processors import RunningCountSum, arrow_count_sum
+
+pytestmark = [pytest.mark.spark, pytest.mark.connect, pytest.mark.slow]
+
+PARTITIONS = 3
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    """One Connect server for the module."""
+    cloudpickle.register_pickle_by_value(processors)
+    running = start_connect_server(tmp_path_factory.mktemp("connect"))
+    try:
+        yield running
+    finally:
+        running.stop()
+        cloudpickle.unregister_pickle_by_value(processors)
+
+
+@pytest.fixture
+def clients(server: ConnectServer) -> Iterator[Callable[[], SparkSession]]:
+    """Makes Connect client sessions, all stopped after the test (a client left open keeps
+    retrying a stopped server at interpreter exit)."""
+    made: list[SparkSession] = []
+
+    def make() -> SparkSession:
+        session = SparkSession.builder.remote(server.url).getOrCreate()
+        made.append(session)
+        return session
+
+    yield make
+    for session in made:
+        session.stop()
+
+
+def test_a_query_restarts_and_reads_state_and_metrics_through_connect(
+    clients: Callable[[], SparkSession], tmp_path: Path
+) -> None:
+    """Two batches, a new client session, two more from the same checkpointLocation: the
+    state (read through Connect) and the sink equal a batch groupBy, and every batch's
+    metrics come from the root."""
+    data = make_input(seed=21, files=4, rows=20, keys=6)
+    inp, root = tmp_path / "in", str(tmp_path / "state")
+    write_files(inp, data[:2])
+    query_ids = []
+    for start in (0, 2):
+        spark = clients()
+        if start:
+            write_files(inp, data[2:], start=2)
+        out = transform_with_state(
+            read_stream(spark, inp), ["k"], RunningCountSum(), OUTPUT_SCHEMA, root, "counts",
+            PARTITIONS, config=StoreConfig(local_dir=str(tmp_path / f"local-{start}")),
+        )  # fmt: skip
+        query_ids.append(str(run_to_end(out, tmp_path / "out", tmp_path / "ck").id))
+        if not start:
+            spark.stop()
+    assert query_ids[0] == query_ids[1]  # resumed, not a new query
+    expected = batch_totals(spark, inp)
+    assert state_totals(read_state(spark, root, "counts")) == expected
+    assert sink_latest(spark, tmp_path / "out") == expected
+    metrics = [batch_metrics(root, "counts", b, query_id=query_ids[0]) for b in range(4)]
+    assert all(m is not None for m in metrics)
+    assert [m.partitions_committed for m in metrics if m] == [PARTITIONS] * 4
+    assert [m.version for m in metrics if m] == [1, 2, 3, 4]
+    assert sum(m.rows_in for m in metrics if m) == 4 * 20
+    assert metrics[2] is not None
+    assert metrics[2].stores_restored == PARTITIONS
+    with pytest.raises(TypeError, match="batch_metrics"):
+        state_listener(spark)
+
+
+def test_the_vectorized_form_runs_through_connect(
+    clients: Callable[[], SparkSession], tmp_path: Path
+) -> None:
+    spark = clients()
+    root = str(tmp_path / "state")
+    write_files(tmp_path / "in", make_input(seed=22, files=2, rows=30, keys=8))
+    out = transform_with_state_arrow(
+        read_stream(spark, tmp_path / "in"), ["k"], arrow_count_sum, OUTPUT_SCHEMA, root,
+        "vector", 2, config=StoreConfig(local_dir=str(tmp_path / "local")),
+    )  # fmt: skip
+    run_to_end(out, tmp_path / "out", tmp_path / "ck")
+    expected = batch_totals(spark, tmp_path / "in")
+    assert sink_latest(spark, tmp_path / "out") == expected
+    raw = read_state(spark, root, "vector").collect()
+    assert {
+        decode_key(r["key"], 1)[0][0]: tuple(map(int, r["value"].split(b","))) for r in raw
+    } == expected
+    metrics = batch_metrics(root, "vector", 1)
+    assert metrics is not None
+    assert metrics.rows_in == 30
