@@ -51,12 +51,13 @@ test: lint typecheck pytest
 demo: $(STAMP) check-java
 	PYSPARK_PYTHON=$(abspath $(BIN)/python) $(BIN)/statekeeper demo $(DEMO_ARGS)
 
-# Sizes that finish in about 15 minutes on 2 cores. The pipeline's batches are small because
-# Spark's own Python state operators cost about 0.5-1 ms per key and batch there.
+# Sizes that finish in about 25 minutes on 2 cores. Spark's own Python state operators cost
+# about 0.2-0.7 ms per key there, so they run 3 of the pipeline's 100k-row batches.
 bench: $(STAMP) check-java
 	$(BIN)/python benchmarks/commit.py --sizes 100000 1000000 --commits 40 --out benchmarks/results/commit.json
 	$(BIN)/python benchmarks/restore.py --keys 1000000 --versions 20 --tail 5 --out benchmarks/results/restore.json
-	$(BIN)/python benchmarks/pipeline.py --rows 20000 --keys 1000000 --batches 20 --out benchmarks/results/pipeline.json
+	$(BIN)/python benchmarks/per_key.py --keys 100000 --repeat 3 --out benchmarks/results/per_key.json
+	$(BIN)/python benchmarks/pipeline.py --rows 100000 --keys 1000000 --batches 10 --peer-batches 3 --out benchmarks/results/pipeline.json
 	$(BIN)/python benchmarks/report.py --results benchmarks/results --out benchmarks/RESULTS.md
 
 # Deterministic simulation of the commit protocol (tests/sim): SEEDS seeds of every scenario

@@ -5,28 +5,32 @@ The workload keeps a running count and sum of ``v`` per key ``k`` over a file so
 micro-batch, each new total emitted to a Parquet sink. The same input runs, side by side in
 one process, through the variants named by ``--variants``:
 
-* ``sk_processor``: statekeeper ``transform_with_state`` (a per-key StatefulProcessor);
+* ``sk_row``: statekeeper ``transform_with_state``, Row form (``rows = "row"``);
+* ``sk_pandas``: statekeeper ``transform_with_state``, pandas form (yields rows);
 * ``sk_arrow``: statekeeper ``transform_with_state_arrow`` (vectorized, whole Arrow batches);
-* ``spark_tws``: Spark's ``transformWithStateInPandas`` on the RocksDB state store provider
-  with changelog checkpointing;
-* ``spark_apply``: Spark's ``applyInPandasWithState`` on the same provider.
+* ``spark_tws_row``: Spark's Row-based ``transformWithState`` (4.1+), RocksDB state store
+  provider with changelog checkpointing;
+* ``spark_tws_pandas``: Spark's ``transformWithStateInPandas`` on the same provider;
+* ``spark_apply``: Spark's ``applyInPandasWithState`` on the same provider;
+* ``ceiling``: the same source, ``repartition`` by key, a pass-through ``mapInArrow`` and the
+  same sink, no state: the physical limit of this pipeline shape.
 
-Each variant runs in a SparkSession of its own (``local[2]``, shuffle partitions = state
-partitions = 4; Python workers die with the session). Measured per variant: wall time,
-per-batch latency (``triggerExecution`` and ``addBatch`` of the query progress), rows/s,
-bytes on disk of the durable state and of the query checkpoint, and two restarts, each in a
-new session that processes one more file: ``restart_warm`` keeps statekeeper's local working
-copies, ``restart_cold`` gives statekeeper a fresh local directory (everything restored from
-the root; Spark's provider always loads from its checkpoint in a new session). Finally every
-variant's latest sink row per key is compared with a batch ``groupBy`` over all input.
+Spark's own operators are slow per key, so they may read only the first ``--peer-batches``
+files (default: all); their rows/s are per row they read. Each variant runs in a
+SparkSession of its own (``local[2]``, shuffle partitions = state partitions = 4; Python
+workers die with the session). Measured per variant: wall time, per-batch latency
+(``triggerExecution`` and ``addBatch`` of the query progress), rows/s, bytes on disk of the
+durable state and of the query checkpoint, and two restarts, each in a new session that
+processes one more file: ``restart_warm`` keeps statekeeper's local working copies,
+``restart_cold`` gives statekeeper a fresh local directory (everything restored from the
+root, on the local filesystem with a warm page cache; Spark's provider always loads from its
+checkpoint in a new session). Finally every stateful variant's latest sink row per key is
+compared with a batch ``groupBy`` over the input it read. ``ratios`` divides each variant's
+steady rows/s by the best Spark peer's, and the vectorized form's by the ceiling's.
 
-Batches are small by default because Spark's own Python operators cost about 0.5-1 ms per
-key and batch on a 2-core machine (with or without state), so a batch touching 200k keys
-takes minutes there; the defaults finish in about 12 minutes on 2 cores.
-
-    .venv/bin/python benchmarks/pipeline.py [--rows 20000] [--keys 1000000] [--batches 20]
-        [--variants sk_processor sk_arrow spark_tws spark_apply] [--restarts warm cold]
-        [--out FILE]
+    .venv/bin/python benchmarks/pipeline.py [--rows 100000] [--keys 1000000] [--batches 10]
+        [--peer-batches 3] [--variants sk_row sk_pandas sk_arrow spark_tws_row
+        spark_tws_pandas spark_apply ceiling] [--restarts warm cold] [--out FILE]
 """
 
 from __future__ import annotations
@@ -68,21 +72,41 @@ SPARK_CONF = {
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
 }
 VARIANTS = {
-    "sk_processor": "statekeeper transform_with_state (per-key processor)",
+    "sk_row": "statekeeper transform_with_state, Row form",
+    "sk_pandas": "statekeeper transform_with_state, pandas form",
     "sk_arrow": "statekeeper transform_with_state_arrow (vectorized)",
-    "spark_tws": "Spark transformWithStateInPandas (RocksDB, changelog checkpointing)",
+    "spark_tws_row": "Spark transformWithState, Row-based (RocksDB, changelog checkpointing)",
+    "spark_tws_pandas": "Spark transformWithStateInPandas (RocksDB, changelog checkpointing)",
     "spark_apply": "Spark applyInPandasWithState (RocksDB, changelog checkpointing)",
+    "ceiling": "no state: repartition by key + pass-through mapInArrow (the ceiling)",
 }
+PEERS = ("spark_tws_row", "spark_tws_pandas", "spark_apply")
+STATELESS = ("ceiling",)
+INPUT_ARROW = pa.schema([("k", pa.string()), ("v", pa.int64())])
 _TOTALS = np.dtype("<i8")
 
 # -- the workload, once per API (run inside Spark's Python workers) ------------------------
 
 
-def _make_sk_processor() -> Any:
+def _make_sk_processor(form: str) -> Any:
     from statekeeper.spark import StatefulProcessor
 
-    class RunningTotals(StatefulProcessor):
-        """Running count and sum per key: one value state holding ``(count, sum)``."""
+    class RowTotals(StatefulProcessor):
+        """Running count and sum per key, Row form: one value state holding ``(count, sum)``."""
+
+        rows = "row"
+
+        def init(self, handle: Any) -> None:
+            self.totals = handle.value_state("totals")
+
+        def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+            n, s = self.totals.get() or (0, 0)
+            n, s = n + len(rows), s + sum(row.v for row in rows)
+            self.totals.update((n, s))
+            yield (key[0], n, s)
+
+    class PandasTotals(StatefulProcessor):
+        """The same, pandas form: ``rows`` is a DataFrame; the output row is a tuple."""
 
         def init(self, handle: Any) -> None:
             self.totals = handle.value_state("totals")
@@ -91,42 +115,66 @@ def _make_sk_processor() -> Any:
             n, s = self.totals.get() or (0, 0)
             n, s = n + len(rows), s + int(rows["v"].sum())
             self.totals.update((n, s))
-            yield pd.DataFrame({"k": [key[0]], "count": [n], "sum": [s]})
+            yield (key[0], n, s)
 
-    return RunningTotals()
+    return RowTotals() if form == "row" else PandasTotals()
 
 
 def sk_arrow_totals(store: Any, batches: Iterator[Any]) -> Iterator[Any]:
     """Vectorized running totals: one group-by, one multi_get and one put_many per partition.
 
-    State values are ``(count, sum)`` as two little-endian int64 (16 bytes).
+    State values are ``(count, sum)`` as two little-endian int64 (16 bytes). Keys are encoded
+    by Arrow kernels (``encode_keys``); the only Python loops are the store calls.
     """
-    from statekeeper.spark import encode_key
+    from statekeeper.keyed import encode_keys
 
-    table = pa.Table.from_batches(list(batches))
+    table = pa.Table.from_batches(list(batches), schema=INPUT_ARROW)
     if table.num_rows == 0:
         return
-    grouped = table.group_by("k").aggregate([("v", "count"), ("v", "sum")])
-    names = grouped.column("k").to_pylist()
-    keys = [encode_key((name,)) for name in names]
+    # Sorted: RocksDB's multi-get and the commit's sort are faster on keys in order.
+    grouped = table.group_by("k").aggregate([("v", "count"), ("v", "sum")]).sort_by("k")
+    names = grouped.column("k")
+    keys = encode_keys([names])
     zero = bytes(16)
-    old = np.frombuffer(b"".join(v or zero for v in store.multi_get(keys)), dtype=_TOTALS)
+    old = np.frombuffer(b"".join([v or zero for v in store.multi_get(keys)]), dtype=_TOTALS)
     totals = old.reshape(-1, 2) + np.column_stack(
         [grouped.column("v_count").to_numpy(), grouped.column("v_sum").to_numpy()]
     ).astype(_TOTALS)
-    raw = totals.tobytes()
-    store.put_many((key, raw[16 * i : 16 * i + 16]) for i, key in enumerate(keys))
-    yield pa.RecordBatch.from_pydict(
-        {
-            "k": pa.array(names, pa.string()),
-            "count": pa.array(totals[:, 0], pa.int64()),
-            "sum": pa.array(totals[:, 1], pa.int64()),
-        }
+    raw = memoryview(totals.tobytes())
+    store.put_many(zip(keys, (raw[i : i + 16] for i in range(0, len(raw), 16)), strict=True))
+    yield pa.RecordBatch.from_arrays(
+        [names.combine_chunks(), pa.array(totals[:, 0]), pa.array(totals[:, 1])],
+        names=["k", "count", "sum"],
     )
 
 
-def _make_spark_processor() -> Any:
+def passthrough(batches: Iterator[Any]) -> Iterator[Any]:
+    """The ceiling's ``mapInArrow`` function: every batch out as it came in."""
+    yield from batches
+
+
+def _make_spark_processor(form: str) -> Any:
+    from pyspark.sql import Row
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class SparkRowTotals(StatefulProcessor):
+        """The Row-based API (``transformWithState``): rows and output are ``Row``\\ s."""
+
+        def init(self, handle: Any) -> None:
+            self.totals = handle.getValueState("totals", STATE_SCHEMA)
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Any]:
+            n = s = 0
+            for row in rows:
+                n, s = n + 1, s + row.v
+            old = self.totals.get()
+            if old is not None:
+                n, s = n + old[0], s + old[1]
+            self.totals.update((n, s))
+            yield Row(k=key[0], count=n, sum=s)
+
+        def close(self) -> None:
+            pass
 
     class SparkRunningTotals(StatefulProcessor):
         """The same totals with Spark's own handle: one value state ``(count, sum)``."""
@@ -147,7 +195,7 @@ def _make_spark_processor() -> Any:
         def close(self) -> None:
             pass
 
-    return SparkRunningTotals()
+    return SparkRowTotals() if form == "row" else SparkRunningTotals()
 
 
 def spark_apply_totals(key: Any, frames: Iterator[Any], state: Any) -> Iterator[Any]:
@@ -204,17 +252,26 @@ def _stateful(spark: Any, variant: str, inp: Path, work: Path, local: str) -> An
 
     df = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(inp))
     root, config = str(work / "sk-root" / variant), sk.StoreConfig(local_dir=local)
-    if variant == "sk_processor":
+    if variant in ("sk_row", "sk_pandas"):
+        processor = _make_sk_processor("row" if variant == "sk_row" else "pandas")
         return transform_with_state(
-            df, "k", _make_sk_processor(), OUTPUT_SCHEMA, root, "totals", PARTITIONS, config=config
+            df, "k", processor, OUTPUT_SCHEMA, root, "totals", PARTITIONS, config=config
         )
     if variant == "sk_arrow":
         return transform_with_state_arrow(
             df, "k", sk_arrow_totals, OUTPUT_SCHEMA, root, "totals", PARTITIONS, config=config
         )
-    if variant == "spark_tws":
-        return df.groupBy("k").transformWithStateInPandas(
-            statefulProcessor=_make_spark_processor(),
+    if variant == "ceiling":
+        return df.repartition(PARTITIONS, "k").mapInArrow(passthrough, INPUT_SCHEMA)
+    if variant in ("spark_tws_row", "spark_tws_pandas"):
+        grouped = df.groupBy("k")
+        api = (
+            grouped.transformWithState
+            if variant == "spark_tws_row"
+            else (grouped.transformWithStateInPandas)
+        )
+        return api(
+            statefulProcessor=_make_spark_processor("row" if variant == "spark_tws_row" else ""),
             outputStructType=OUTPUT_SCHEMA,
             outputMode="Append",
             timeMode="None",
@@ -224,9 +281,14 @@ def _stateful(spark: Any, variant: str, inp: Path, work: Path, local: str) -> An
     )
 
 
+def _input_of(work: Path, variant: str) -> Path:
+    """The folder ``variant`` reads: Spark's peers may read only the first files."""
+    return work / ("input-peers" if variant in PEERS else "input")
+
+
 def _run_query(spark: Any, variant: str, work: Path, local: str) -> dict[str, Any]:
     """Run ``variant`` until every input file is processed; time it and its batches."""
-    out = _stateful(spark, variant, work / "input", work, local)
+    out = _stateful(spark, variant, _input_of(work, variant), work, local)
     started_epoch, started = time.time(), time.perf_counter()
     query = (
         out.writeStream.format("parquet")
@@ -252,8 +314,10 @@ def _run_query(spark: Any, variant: str, work: Path, local: str) -> dict[str, An
     }
     if variant.startswith("sk_"):
         result.update(_sk_state_metrics(spark, str(query.id), [p.batchId for p in progress]))
-    else:
+    elif variant in PEERS:
         result.update(_spark_state_metrics(progress))
+    else:
+        result["commit_ms"] = [0.0 for _ in progress]
     return result
 
 
@@ -359,7 +423,9 @@ def _summarize(variant: str, run: dict[str, Any], work: Path) -> dict[str, Any]:
         "add_batch_p50_ms": _percentile(steady_add, 0.5),
         "add_batch_p99_ms": _percentile(steady_add, 0.99),
         "state_commit_p50_ms": _percentile(commit_ms[1:] or commit_ms, 0.5),
-        "durable_state_bytes": _dir_bytes(work / "sk-root" / variant if is_sk else ckpt / "state"),
+        "durable_state_bytes": None
+        if variant in STATELESS
+        else _dir_bytes(work / "sk-root" / variant if is_sk else ckpt / "state"),
         "query_checkpoint_bytes": _dir_bytes(ckpt, exclude="state"),
         "local_state_bytes": _dir_bytes(work / "sk-local" / variant) if is_sk else None,
     }
@@ -374,24 +440,33 @@ def _restart(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def _verify(spark: Any, work: Path, variants: list[str]) -> dict[str, Any]:
-    """Compare each variant's latest sink row per key with a batch groupBy over all input."""
+    """Compare each stateful variant's latest sink row per key with a batch groupBy over the
+    input it read; the ceiling must have written every row it read."""
     from pyspark.sql import functions as F
 
-    truth = (
-        spark.read.parquet(str(work / "input"))
-        .groupBy("k")
-        .agg(F.count("*").alias("n"), F.sum("v").alias("s"))
-    )
-    found: dict[str, Any] = {"keys": truth.count()}
+    found: dict[str, Any] = {}
+    truths: dict[Path, Any] = {}
     for variant in variants:
+        inp = _input_of(work, variant)
+        sink = spark.read.parquet(str(work / "sink" / variant))
+        if variant in STATELESS:
+            rows = spark.read.parquet(str(inp)).count()
+            found[variant] = {"keys": None, "mismatched_keys": 0 if sink.count() == rows else 1}
+            continue
+        if inp not in truths:
+            truths[inp] = (
+                spark.read.parquet(str(inp))
+                .groupBy("k")
+                .agg(F.count("*").alias("n"), F.sum("v").alias("s"))
+            )
+            found[inp.name] = truths[inp].count()
         latest = (
-            spark.read.parquet(str(work / "sink" / variant))
-            .groupBy("k")
+            sink.groupBy("k")
             .agg(F.max(F.struct("count", "sum")).alias("m"))
             .select("k", F.col("m.count").alias("count"), F.col("m.sum").alias("sum"))
         )
         same = F.col("count").eqNullSafe(F.col("n")) & F.col("sum").eqNullSafe(F.col("s"))
-        mismatched = latest.join(truth, "k", "full_outer").where(~same).count()
+        mismatched = latest.join(truths[inp], "k", "full_outer").where(~same).count()
         found[variant] = {"keys": latest.count(), "mismatched_keys": mismatched}
     return found
 
@@ -404,12 +479,39 @@ def _warm_up(spark: Any, work: Path) -> None:
     df.groupBy("k").agg(F.sum("v")).write.format("noop").mode("overwrite").save()
 
 
+def _write_inputs(work: Path, files: range, args: argparse.Namespace) -> None:
+    """Input files for every variant; the peers' folder links the first ``peer_batches``
+    files and every restart file."""
+    write_input(work / "input", files, args.rows, args.keys, args.seed)
+    peers = work / "input-peers"
+    peers.mkdir(exist_ok=True)
+    for i in files:
+        if i < args.peer_batches or i >= args.batches:
+            name = f"part-{i:05d}.parquet"
+            os.link(work / "input" / name, peers / name)  # same mtime: the same read order
+
+
+def ratios(results: dict[str, Any]) -> dict[str, Any]:
+    """Steady rows/s of each variant / the best Spark peer's, and vectorized / ceiling."""
+    speed = {name: r["steady_rows_per_s"] for name, r in results.items()}
+    peers = {name: speed[name] for name in PEERS if name in speed}
+    out: dict[str, Any] = {}
+    if peers:
+        best = max(peers, key=lambda name: peers[name])
+        out["best_peer"] = best
+        out["to_best_peer"] = {
+            name: round(value / max(peers[best], 1), 2) for name, value in speed.items()
+        }
+    if "ceiling" in speed and "sk_arrow" in speed:
+        out["sk_arrow_to_ceiling"] = round(speed["sk_arrow"] / max(speed["ceiling"], 1), 2)
+    return out
+
+
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Write the input, run every phase of every variant, verify; the JSON document."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    inp = work / "input"
-    write_input(inp, range(args.batches), args.rows, args.keys, args.seed)
+    _write_inputs(work, range(args.batches), args)
     _in_session(work, lambda spark: _warm_up(spark, work))
     results: dict[str, Any] = {}
     for variant in args.variants:
@@ -420,7 +522,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         _log(f"{variant}: {results[variant]}")
     for n, phase in enumerate(args.restarts):
         file = args.batches + n
-        write_input(inp, range(file, file + 1), args.rows, args.keys, args.seed)
+        _write_inputs(work, range(file, file + 1), args)
         for variant in args.variants:
             # A cold restart gets a fresh local folder: every store comes from the root.
             local = work / ("sk-local-cold" if phase == "cold" else "sk-local") / variant
@@ -433,7 +535,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         results[variant]["final_keys"] = check[variant]["keys"]
         results[variant]["mismatched_keys"] = check[variant]["mismatched_keys"]
     agree = all(check[v]["mismatched_keys"] == 0 for v in args.variants)
-    return {"variants": results, "expected_keys": check["keys"], "all_agree": agree}
+    return {
+        "variants": results,
+        "ratios": ratios(results),
+        "expected_keys": check.get("input"),
+        "expected_keys_peers": check.get("input-peers"),
+        "all_agree": agree,
+    }
 
 
 def _log(message: str) -> None:
@@ -455,9 +563,12 @@ def _machine() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run the benchmark, print (and optionally write) the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=20_000, help="rows per micro-batch")
+    parser.add_argument("--rows", type=int, default=100_000, help="rows per micro-batch")
     parser.add_argument("--keys", type=int, default=1_000_000, help="distinct keys drawn from")
-    parser.add_argument("--batches", type=int, default=20, help="micro-batches (input files)")
+    parser.add_argument("--batches", type=int, default=10, help="micro-batches (input files)")
+    parser.add_argument(
+        "--peer-batches", type=int, help="micro-batches Spark's own operators run (default: all)"
+    )
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument(
         "--restarts",
@@ -469,6 +580,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
+    if args.peer_batches is None or args.peer_batches > args.batches:
+        args.peer_batches = args.batches
     started, load_before = time.perf_counter(), round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory(prefix="sk-bench-pipeline-") as tmp:
         outcome = run(args, Path(tmp))
@@ -480,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
             "rows_per_batch": args.rows,
             "keys": args.keys,
             "batches": args.batches,
+            "peer_batches": args.peer_batches,
             "restarts": args.restarts,
             "partitions": PARTITIONS,
             "master": MASTER,

@@ -1,9 +1,10 @@
 """Render the benchmark JSON outputs as ``benchmarks/RESULTS.md``.
 
-Reads ``commit.json``, ``restore.json`` and ``pipeline.json`` from ``--results`` (any of them
-may be missing: its section says so) and writes one Markdown page: the date, a description
-of the machine it runs on, one table per benchmark and the command that reproduces them
-(the recipe of the Makefile's ``bench`` target, read from ``--makefile``).
+Reads ``commit.json``, ``restore.json``, ``per_key.json`` and ``pipeline.json`` from
+``--results`` (any of them may be missing: its section says so) and writes one Markdown
+page: the date, a description of the machine it runs on, one table per benchmark and the
+command that reproduces them (the recipe of the Makefile's ``bench`` target, read from
+``--makefile``).
 
     .venv/bin/python benchmarks/report.py [--results benchmarks/results]
         [--out benchmarks/RESULTS.md] [--makefile Makefile]
@@ -174,6 +175,39 @@ def restore_section(data: dict[str, Any]) -> list[str]:
     ]
 
 
+def _target(r: dict[str, Any]) -> str:
+    if "target_us" not in r:
+        return "-"
+    return f"≤ {r['target_us']}: " + ("met" if r["met"] else "**missed**")
+
+
+def per_key_section(data: dict[str, Any]) -> list[str]:
+    """The in-process per-key benchmark: µs per key of each processor form."""
+    w = data["workload"]
+    rows = [
+        [
+            f"`{form}`",
+            r["us_per_key_best"],
+            r["us_per_key_median"],
+            f"{r['keys_per_s']:,}",
+            _target(r),
+        ]
+        for form, r in data["results"].items()
+        if isinstance(r, dict)
+    ]  # fmt: skip
+    return [
+        "## Per-key cost in-process (`benchmarks/per_key.py`)",
+        "",
+        f"One partition's run without Spark over {w['keys_per_batch']:,} keys of one row each, "
+        f"against a RocksDB store holding every key; per key: {w['per_key']}. `row`: the Row "
+        "form; `pandas`: the pandas form yielding a tuple; `pandas_frame`: the pandas form "
+        f"yielding a one-row DataFrame per key. Best and median of {w['repeat']} runs, "
+        f"{data['date']}.",
+        "",
+        *_table(["form", "µs/key (best)", "µs/key (median)", "keys/s", "target"], rows),
+    ]
+
+
 def _restart(r: dict[str, Any], phase: str) -> str:
     found = r.get(f"restart_{phase}")
     if found is None:
@@ -210,9 +244,29 @@ PIPELINE_ROWS: list[tuple[str, Any]] = [
     ("local working copies", lambda r: _mb(r.get("local_state_bytes"))),
     ("restart in a new session: to 1st batch done", lambda r: _restart(r, "warm")),
     ("restart, statekeeper local dir wiped: same", lambda r: _restart(r, "cold")),
-    ("keys in final state", lambda r: f"{r['final_keys']:,}"),
+    ("keys in final state", lambda r: "-" if r["final_keys"] is None else f"{r['final_keys']:,}"),
     ("equals a batch groupBy", lambda r: "yes" if r["mismatched_keys"] == 0 else "**no**"),
 ]
+
+
+def _ratio_lines(data: dict[str, Any]) -> list[str]:
+    """The headline: each variant against the best Spark peer, vectorized against the
+    ceiling (steady rows/s)."""
+    found = data.get("ratios") or {}
+    lines: list[str] = []
+    if "to_best_peer" in found:
+        best = found["best_peer"]
+        parts = ", ".join(
+            f"`{name}` **{value}x**" for name, value in found["to_best_peer"].items()
+            if name != best
+        )  # fmt: skip
+        lines.append(f"Steady rows/s against the best Spark peer (`{best}`): {parts}.")
+    if "sk_arrow_to_ceiling" in found:
+        lines.append(
+            f"The vectorized form reaches **{found['sk_arrow_to_ceiling']}x** the ceiling "
+            "(the same source, shuffle and sink without state)."
+        )
+    return lines
 
 
 def pipeline_section(data: dict[str, Any]) -> list[str]:
@@ -228,6 +282,13 @@ def pipeline_section(data: dict[str, Any]) -> list[str]:
             f"{load['load_average_1m_before']} / {load['load_average_1m']}"
         )
     agree = "yes" if data["all_agree"] else "**NO**"
+    peers = w.get("peer_batches", w["batches"])
+    fewer = (
+        f" Spark's own operators ran the first {peers} of the {w['batches']} batches (they are "
+        "slow per key); rows/s are per row each variant read."
+        if peers != w["batches"]
+        else ""
+    )
     return [
         "## Streaming pipeline, side by side (`benchmarks/pipeline.py`)",
         "",
@@ -240,15 +301,25 @@ def pipeline_section(data: dict[str, Any]) -> list[str]:
         f"from `start()` to that batch's end. State commit: statekeeper's commit (changelog "
         "upload) per partition; for Spark the RocksDB provider's commit latencies (flush, "
         "compact, checkpoint, file sync) summed over partitions / partitions. "
-        f"Run {data['date']} in {data['total_s']} s.",
+        "Restores read the root from the local filesystem with a warm page cache."
+        f"{fewer} Run {data['date']} in {data['total_s']} s.",
         "",
         *legend,
         "",
         *_table(header, rows),
         "",
-        f"All variants agree with a batch `groupBy` over all input ({data['expected_keys']:,} "
-        f"keys): {agree}.",
+        *[part for line in _ratio_lines(data) for part in (line, "")],
+        f"All stateful variants agree with a batch `groupBy` over the input they read "
+        f"({_keys(data)} keys): {agree}.",
     ]
+
+
+def _keys(data: dict[str, Any]) -> str:
+    main, peers = data.get("expected_keys"), data.get("expected_keys_peers")
+    text = "-" if main is None else f"{main:,}"
+    if peers is not None and peers != main:
+        text += f"; the peers' input: {peers:,}"
+    return text
 
 
 def bench_recipe(makefile: Path) -> list[str]:
@@ -272,12 +343,13 @@ def bench_recipe(makefile: Path) -> list[str]:
 def render(results: Path, makefile: Path | None = None) -> str:
     """The RESULTS.md text for the JSON files in ``results``."""
     loaded: dict[str, dict[str, Any] | None] = {}
-    for name in ("commit", "restore", "pipeline"):
+    for name in ("commit", "restore", "per_key", "pipeline"):
         path = results / f"{name}.json"
         loaded[name] = json.loads(path.read_text()) if path.exists() else None
     sections = {
         "commit": commit_section,
         "restore": restore_section,
+        "per_key": per_key_section,
         "pipeline": pipeline_section,
     }
     out = [

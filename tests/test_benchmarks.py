@@ -16,7 +16,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-VARIANTS = ["sk_processor", "sk_arrow", "spark_tws", "spark_apply"]
+VARIANTS = [
+    "sk_row",
+    "sk_pandas",
+    "sk_arrow",
+    "spark_tws_row",
+    "spark_tws_pandas",
+    "spark_apply",
+    "ceiling",
+]
+PEERS = ("spark_tws_row", "spark_tws_pandas", "spark_apply")
 PIPELINE_FIELDS = {
     "wall_s",
     "rows_per_s",
@@ -64,9 +73,26 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def pipeline(results: Path) -> dict[str, Any]:
-    """A tiny pipeline run of every variant (with one cold restart) into ``results``."""
-    args = ["--rows", "300", "--keys", "50", "--batches", "2", "--restarts", "cold"]
-    return _run("pipeline", results / "pipeline.json", *args, timeout=400)
+    """A tiny pipeline run of every variant (with one cold restart) into ``results``; Spark's
+    own operators read one of the two batches."""
+    args = ["--rows", "300", "--keys", "50", "--batches", "2", "--peer-batches", "1"]
+    return _run("pipeline", results / "pipeline.json", *args, "--restarts", "cold", timeout=600)
+
+
+@pytest.fixture(scope="module")
+def per_key(results: Path) -> dict[str, Any]:
+    """A tiny in-process per-key run into ``results``."""
+    return _run("per_key", results / "per_key.json", "--keys", "300", "--repeat", "2")
+
+
+def test_per_key_reports_every_form(per_key: dict[str, Any]) -> None:
+    found = per_key
+    assert set(found["results"]) == {"row", "pandas", "pandas_frame"}
+    for form, r in found["results"].items():
+        assert 0 < r["us_per_key_best"] <= r["us_per_key_median"], form
+        assert r["keys_per_s"] > 0
+    assert found["results"]["row"]["target_us"] == 15.0
+    assert isinstance(found["results"]["pandas"]["met"], bool)
 
 
 def test_commit_and_restore_print_the_fields_the_report_reads(results: Path) -> None:
@@ -105,27 +131,39 @@ def test_pipeline_variants_agree_with_a_batch_group_by(pipeline: dict[str, Any])
     assert pipeline["all_agree"] is True
     assert list(pipeline["variants"]) == VARIANTS
     assert pipeline["workload"]["restarts"] == ["cold"]
+    assert pipeline["workload"]["peer_batches"] == 1
     for name, r in pipeline["variants"].items():
+        peer = name in PEERS
         assert set(r) >= PIPELINE_FIELDS, name
         assert r["mismatched_keys"] == 0, name
-        assert r["final_keys"] == pipeline["expected_keys"] == 50
-        assert r["rows"] == 600
-        assert r["batches"] == len(r["batch_ms"]) == 2
-        assert r["durable_state_bytes"] > 0
+        assert r["rows"] == (300 if peer else 600), name
+        assert r["batches"] == len(r["batch_ms"]) == (1 if peer else 2)
         assert "restart_warm" not in r
+        if name == "ceiling":
+            assert r["final_keys"] is None
+            assert r["durable_state_bytes"] is None
+            continue
+        expected = pipeline["expected_keys_peers" if peer else "expected_keys"]
+        assert r["final_keys"] == expected <= 50
+        assert r["durable_state_bytes"] > 0
         restore = r["restart_cold"]["restore"]
         if name.startswith("sk_"):
             assert restore["stores_restored"] == 4  # a fresh local dir: all from the root
             assert r["local_state_bytes"] > 0
         else:
             assert restore["stores_loaded_from_checkpoint"] == 4
-            assert r["state_rows"] == 50
+            assert r["state_rows"] == expected
+    ratios = pipeline["ratios"]
+    assert ratios["best_peer"] in PEERS
+    assert ratios["to_best_peer"][ratios["best_peer"]] == 1.0
+    assert set(ratios["to_best_peer"]) == set(VARIANTS)
+    assert ratios["sk_arrow_to_ceiling"] > 0
 
 
 @pytest.mark.slow
 @pytest.mark.spark
 def test_report_renders_every_table(
-    results: Path, pipeline: dict[str, Any], tmp_path: Path
+    results: Path, per_key: dict[str, Any], pipeline: dict[str, Any], tmp_path: Path
 ) -> None:
     out = tmp_path / "RESULTS.md"
     _report(results, out)
@@ -135,8 +173,11 @@ def test_report_renders_every_table(
     assert "Spark " in text
     assert "| 20,000 | 3 | 10,000 |" in text
     assert "| `local_behind` |" in text
-    assert "|  | `sk_processor` | `sk_arrow` | `spark_tws` | `spark_apply` |" in text
-    assert "| equals a batch groupBy | yes | yes | yes | yes |" in text
+    assert "|  | " + " | ".join(f"`{v}`" for v in VARIANTS) + " |" in text
+    assert "| equals a batch groupBy |" + " yes |" * len(VARIANTS) in text
+    assert "Steady rows/s against the best Spark peer" in text
+    assert "ran the first 1 of the 2 batches" in text
+    assert "| `row` |" in text
     assert "keys): yes." in text
 
 
@@ -144,7 +185,7 @@ def test_make_bench_runs_every_benchmark_and_the_report() -> None:
     """The recipe the report quotes is the Makefile's, and writes where the report reads."""
     report = _load_report()
     recipe = report.bench_recipe(ROOT / "Makefile")
-    for name in ("commit", "restore", "pipeline"):
+    for name in ("commit", "restore", "per_key", "pipeline"):
         assert any(
             f"benchmarks/{name}.py" in line and f"--out benchmarks/results/{name}.json" in line
             for line in recipe

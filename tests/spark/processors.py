@@ -139,3 +139,20 @@ class TypedEcho(StatefulProcessor):
                 "note": [None],
             }
         )
+
+
+class RowCountSum(StatefulProcessor):
+    """RunningCountSum in the Row form: rows are tuples with named access; yields tuples."""
+
+    rows = "row"
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.count = handle.value_state("count")
+        self.total = handle.value_state("sum")
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        n = (self.count.get() or 0) + len(rows)
+        s = (self.total.get() or 0) + sum(row.v for row in rows)
+        self.count.update(n)
+        self.total.update(s)
+        yield (key[0], n, s)

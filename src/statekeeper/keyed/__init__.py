@@ -32,7 +32,7 @@ from statekeeper.keyed._handles import ListState, MapState, StatefulProcessorHan
 from statekeeper.keyed._layout import OperatorRecord, StateDecl
 from statekeeper.keyed._processor import StatefulProcessor, input_form
 from statekeeper.keyed._rows import build_rows, row_class
-from statekeeper.keyed._tuples import decode_key, encode_key
+from statekeeper.keyed._tuples import decode_key, encode_key, encode_keys
 from statekeeper.keyed._values import Codec, DefaultCodec, PickleCodec
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "build_rows",
     "decode_key",
     "encode_key",
+    "encode_keys",
     "input_form",
     "iter_state",
     "jsonable",

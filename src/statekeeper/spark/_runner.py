@@ -23,7 +23,7 @@ from statekeeper.keyed import (
     StatefulProcessor,
     StatefulProcessorHandle,
     build_rows,
-    encode_key,
+    encode_keys,
     input_form,
 )
 from statekeeper.spark._output import OutputWriter, conform_batch
@@ -67,6 +67,7 @@ class _Grouped:
     ordered: Any
     starts: Any
     keys: list[tuple[Any, ...]]
+    encoded: list[bytes]
 
     @classmethod
     def of(cls, table: Any, keys: Sequence[str]) -> _Grouped | None:
@@ -78,8 +79,9 @@ class _Grouped:
         ordered = table.take(order)
         starts = _group_starts(ordered, keys)
         at = pa.array(starts)
-        columns = [ordered.column(k).take(at).to_pylist() for k in keys]
-        return cls(ordered, starts, list(zip(*columns, strict=True)))
+        arrays = [ordered.column(k).take(at) for k in keys]
+        columns = [array.to_pylist() for array in arrays]
+        return cls(ordered, starts, list(zip(*columns, strict=True)), encode_keys(arrays))
 
     def bounds(self) -> list[int]:
         """``bounds[i]:bounds[i + 1]`` are the rows of key ``i``."""
@@ -152,7 +154,7 @@ def run_processor(
     writer = OutputWriter(output_schema, where, frames=form == "pandas")
     grouped = _Grouped.of(table, keys)
     if grouped is not None:
-        handle.visit_keys([encode_key(key) for key in grouped.keys])
+        handle.visit_keys(grouped.encoded)
         inputs = grouped.rows() if form == "row" else grouped.frames()
         select, handle_rows, extend = handle.select, processor.handle_input_rows, writer.extend
         for position, (key, rows) in enumerate(zip(grouped.keys, inputs, strict=True)):
