@@ -98,9 +98,16 @@ def _one_run(backend: sk.StateBackend, form: str, table: Any) -> float:
         started = time.perf_counter()
         out = list(
             run_processor(
-                store, FORMS[form](), table, keys=["k"], output_schema=OUTPUT, operator=form,
-                batch_id=store.version, partition=0, now_ms=0,
-            )  # fmt: skip
+                store,
+                FORMS[form](),
+                table,
+                keys=["k"],
+                output_schema=OUTPUT,
+                operator=form,
+                batch_id=store.version,
+                partition=0,
+                now_ms=0,
+            )
         )
         elapsed = time.perf_counter() - started
         assert sum(b.num_rows for b in out) == table.num_rows

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from statekeeper import StateBackend, StateKeeperError, StateStore, StoreConfig
-from statekeeper.keyed import StatefulProcessorHandle
+from statekeeper.keyed import StatefulProcessorHandle, encode_key
 
 S = 1000  # ms per second
 
@@ -145,3 +145,52 @@ def test_misuse_is_refused(store: StateStore) -> None:
     no_clock.set_key(("a",))
     with pytest.raises(StateKeeperError, match="timestamp is unknown"):
         no_clock.value_state("t", ttl=5).update(1)
+
+
+class CountingStore:
+    """A real store behind a wrapper that counts its single and multi reads."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        self.gets = 0
+        self.multi_gets: list[int] = []
+
+    def get(self, key: bytes) -> bytes | None:
+        self.gets += 1
+        return self.store.get(key)
+
+    def multi_get(self, keys: list[bytes]) -> list[bytes | None]:
+        self.multi_gets.append(len(keys))
+        return self.store.multi_get(keys)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+
+def test_visited_keys_read_each_touched_state_with_one_multi_get_per_window(
+    store: StateStore,
+) -> None:
+    keys = [(f"user-{i:05d}",) for i in range(3000)]
+    setup = StatefulProcessorHandle(store, now_ms=0, batch_id=0, partition=0)
+    for key in keys[::2]:
+        setup.set_key(key)
+        setup.value_state("count").update(1)
+    store.commit()
+
+    counting = CountingStore(store)
+    handle = StatefulProcessorHandle(counting, now_ms=0, batch_id=1, partition=0)  # type: ignore[arg-type]
+    count, unused = handle.value_state("count"), handle.value_state("unused")
+    handle.visit_keys([encode_key(key) for key in keys])
+    for position, key in enumerate(keys):
+        handle.select(position, key)
+        n = (count.get() or 0) + 1
+        count.update(n)
+        assert count.get() == n
+    # Two windows of 2048 keys, one multi_get each; no single reads; "unused" never read.
+    assert counting.multi_gets == [2048, 3000 - 2048]
+    assert counting.gets == 0
+    assert unused.ttl_ms is None
+    handle.set_key(keys[0])
+    assert count.get() == 2
+    handle.set_key(keys[1])
+    assert count.get() == 1
