@@ -55,11 +55,15 @@ class SparkHolder:
             self.sessions_started += 1
         return self.session
 
-    def restart(self) -> SparkSession:
-        """Stop the session (its Python workers die with it) and start a new one."""
+    def stop(self) -> None:
+        """Stop the session (its Python workers die with it); ``get`` starts a new one."""
         if self.session is not None:
             self.session.stop()
             self.session = None
+
+    def restart(self) -> SparkSession:
+        """Stop the session and start a new one."""
+        self.stop()
         return self.get()
 
 
@@ -82,6 +86,15 @@ def spark_holder() -> Iterator[SparkHolder]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def no_classic_session(spark_holder: SparkHolder) -> SparkHolder:
+    """Stop the suite's classic session for a module that needs its own: a process holds one
+    SparkContext at a time, and a Spark Connect client refuses to start while one runs. The
+    next test that asks for ``spark`` starts it again."""
+    spark_holder.stop()
+    return spark_holder
 
 
 @pytest.fixture

@@ -63,11 +63,8 @@ class SlowBatch(RunningCountSum):
 
 
 @pytest.fixture(scope="module")
-def cluster(spark_holder: SparkHolder) -> Iterator[SparkSession]:
+def cluster(no_classic_session: SparkHolder) -> Iterator[SparkSession]:
     """A ``local-cluster[2,1,1024]`` session for the module."""
-    if spark_holder.session is not None:
-        spark_holder.session.stop()
-        spark_holder.session = None
     saved = os.environ.get("SPARK_HOME")
     os.environ["SPARK_HOME"] = SPARK_HOME
     cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
 from statekeeper import StoreConfig
@@ -23,7 +22,7 @@ from statekeeper.spark import (
     transform_with_state,
     transform_with_state_arrow,
 )
-from tests.spark import processors
+from tests.spark.conftest import SparkHolder
 from tests.spark.connect_server import ConnectServer, start_connect_server
 from tests.spark.helpers import (
     OUTPUT_SCHEMA,
@@ -43,15 +42,15 @@ PARTITIONS = 3
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
-    """One Connect server for the module."""
-    cloudpickle.register_pickle_by_value(processors)
+def server(
+    no_classic_session: SparkHolder, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ConnectServer]:
+    """One Connect server for the module (processors are pickled by value, see conftest)."""
     running = start_connect_server(tmp_path_factory.mktemp("connect"))
     try:
         yield running
     finally:
         running.stop()
-        cloudpickle.unregister_pickle_by_value(processors)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from tests.spark.conftest import SparkHolder
 from tests.spark.connect_server import SPARK_HOME, free_port
 
 pytestmark = [pytest.mark.spark, pytest.mark.connect, pytest.mark.slow]
@@ -55,7 +56,7 @@ def wait_for_port(port: int, timeout: float = 120) -> None:
     raise AssertionError(f"the Connect server did not listen on {port}")
 
 
-def test_the_cluster_section_commands_run(tmp_path: Path) -> None:
+def test_the_cluster_section_commands_run(no_classic_session: SparkHolder, tmp_path: Path) -> None:
     commands = section_commands()
     assert len(commands) == 6
     build, install, check, export, start, stop = commands

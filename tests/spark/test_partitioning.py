@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from statekeeper import StateBackend, StoreConfig
+from statekeeper import StateBackend, StateKeeperError, StoreConfig
 from statekeeper.spark import batch_metrics, read_state, transform_with_state
+from statekeeper.spark._partition import PART_COLUMN, peek_partition
 from tests.spark.helpers import (
     OUTPUT_SCHEMA,
     batch_totals,
@@ -82,3 +84,23 @@ def test_union_of_two_operators_keeps_exact_state(spark: SparkSession, tmp_path:
     assert rows == 2 * sum(
         len({k for k, _ in batch}) for batch in make_input(seed=8, files=FILES, rows=12, keys=4)
     )
+
+
+def _batch(partitions: list[int]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {"k": [f"k{p}" for p in partitions], PART_COLUMN: pa.array(partitions, pa.int32())}
+    )
+
+
+def test_a_task_refuses_rows_of_two_state_partitions() -> None:
+    """The per-batch check: rows of one task must all carry one state partition."""
+    with pytest.raises(StateKeeperError, match="state partitions 1 to 2"):
+        peek_partition(iter([_batch([1, 2])]))
+    partition, rest = peek_partition(iter([_batch([]), _batch([3]), _batch([4])]))
+    assert partition == 3
+    with pytest.raises(StateKeeperError, match="state partitions 3 and 4"):
+        list(rest)
+    partition, rest = peek_partition(iter([_batch([]), _batch([5, 5])]))
+    assert partition == 5
+    assert [b.schema.names for b in rest] == [["k"], ["k"]]  # our column is gone
+    assert peek_partition(iter([]))[0] is None  # an empty task learns nothing from its data

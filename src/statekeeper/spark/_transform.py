@@ -40,8 +40,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa  # type: ignore[import-untyped]
-import pyarrow.compute as pc  # type: ignore[import-untyped]
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -54,6 +52,7 @@ from statekeeper.errors import CommitConflictError, StateKeeperError
 from statekeeper.keyed import StatefulProcessor
 from statekeeper.spark._cache import CACHE, StoreSpec
 from statekeeper.spark._listener import register_operator
+from statekeeper.spark._partition import PART_COLUMN, TS_COLUMN, collect, peek_partition
 from statekeeper.spark._reports import TaskIdentity, report_task
 from statekeeper.spark._runner import ArrowFunction, RunStats, run_arrow, run_processor
 from statekeeper.storage import open_blob_store
@@ -61,9 +60,7 @@ from statekeeper.store import CommitInfo, StateBackend, StateStore
 
 __all__ = ["transform_with_state", "transform_with_state_arrow"]
 
-_TS_COLUMN = "__statekeeper_batch_ts"
-_PART_COLUMN = "__statekeeper_partition"
-_RESERVED = (_TS_COLUMN, _PART_COLUMN)
+_RESERVED = (TS_COLUMN, PART_COLUMN)
 _KEY_TYPES = (
     T.StringType,
     T.BinaryType,
@@ -79,7 +76,6 @@ _KEY_TYPES = (
     T.TimestampType,
     T.TimestampNTZType,
 )
-_UNIT_MS = {"s": 1000.0, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
 
 
 @dataclass(frozen=True)
@@ -140,7 +136,7 @@ def transform_with_state(
     schema = _output_struct(output_schema)
     spec = _prepare(
         df, key_names, schema, checkpoint, name, partitions, config, storage_options,
-        lock_timeout_s, ts_column=_TS_COLUMN,
+        lock_timeout_s, ts_column=TS_COLUMN,
     )  # fmt: skip
     task = functools.partial(_rows_task, spec, processor)
     return _plan(df, key_names, partitions, task, schema, with_ts=True)
@@ -196,9 +192,9 @@ def _plan(
     keys = [F.col(_quote(k)) for k in key_names]
     shuffled = df.repartition(partitions, *keys)
     # Evaluated after the exchange: neither column is shuffled.
-    tagged = shuffled.withColumn(_PART_COLUMN, F.pmod(F.hash(*keys), F.lit(partitions)))
+    tagged = shuffled.withColumn(PART_COLUMN, F.pmod(F.hash(*keys), F.lit(partitions)))
     if with_ts:
-        tagged = tagged.withColumn(_TS_COLUMN, F.current_timestamp())
+        tagged = tagged.withColumn(TS_COLUMN, F.current_timestamp())
     out = tagged.mapInArrow(task, schema)
     # A stage boundary that keeps rows in place: see the module docstring.
     return out.repartitionById(partitions, F.spark_partition_id())
@@ -358,85 +354,6 @@ def _identity(spec: _TaskSpec, data_partition: int | None) -> TaskIdentity:
     )
 
 
-def _batch_partition(batch: Any) -> int | None:
-    """The state partition of every row of an Arrow batch (``None`` if it has no rows).
-
-    Raises:
-        StateKeeperError: rows of several partitions.
-    """
-    if batch.num_rows == 0:
-        return None
-    bounds = pc.min_max(batch.column(_PART_COLUMN))
-    low, high = bounds["min"].as_py(), bounds["max"].as_py()
-    if low != high:
-        raise StateKeeperError(
-            f"one task received rows of state partitions {low} to {high}: the input was not "
-            "partitioned by the keys as transform_with_state planned it"
-        )
-    return int(low)
-
-
-def _collect(batches: Iterator[Any], ts_column: str) -> tuple[Any, int | None, int | None]:
-    """The partition's input as one table without our columns, the timestamp, the partition.
-
-    Raises:
-        StateKeeperError: rows of several state partitions.
-    """
-    kept: list[Any] = []
-    now_ms: int | None = None
-    partition: int | None = None
-    for batch in batches:
-        found = _batch_partition(batch)
-        if found is None:
-            continue
-        if partition is not None and found != partition:
-            raise StateKeeperError(
-                f"one task received rows of state partitions {partition} and {found}"
-            )
-        partition = found
-        if now_ms is None:
-            column = batch.column(ts_column)
-            raw = column.cast(pa.int64())[0].as_py()
-            now_ms = round(raw * _UNIT_MS[column.type.unit])
-        kept.append(batch.drop_columns([ts_column, _PART_COLUMN]))
-    if not kept:
-        return pa.table({}), now_ms, partition
-    return pa.Table.from_batches(kept), now_ms, partition
-
-
-def _peek_partition(batches: Iterator[Any]) -> tuple[int | None, Iterator[Any]]:
-    """The state partition of a streamed input, and the input without our column.
-
-    Only batches up to the first non-empty one are read ahead.
-
-    Raises:
-        StateKeeperError: rows of several state partitions (also while streaming later).
-    """
-    head: list[Any] = []
-    partition: int | None = None
-    for batch in batches:
-        head.append(batch)
-        partition = _batch_partition(batch)
-        if partition is not None:
-            break
-
-    def stripped() -> Iterator[Any]:
-        for batch in _chain(head, batches):
-            found = _batch_partition(batch)
-            if found is not None and found != partition:
-                raise StateKeeperError(
-                    f"one task received rows of state partitions {partition} and {found}"
-                )
-            yield batch.drop_columns([_PART_COLUMN])
-
-    return partition, stripped()
-
-
-def _chain(head: list[Any], rest: Iterator[Any]) -> Iterator[Any]:
-    yield from head
-    yield from rest
-
-
 def _commit(store: StateStore, spec: _TaskSpec, ctx: TaskIdentity) -> CommitInfo:
     order = (spec.generation, ctx.stage_id, ctx.stage_attempt, ctx.attempt)
     try:
@@ -456,7 +373,7 @@ def _commit(store: StateStore, spec: _TaskSpec, ctx: TaskIdentity) -> CommitInfo
 def _rows_task(spec: _TaskSpec, processor: StatefulProcessor, batches: Any) -> Iterator[Any]:
     started = time.perf_counter()
     assert spec.ts_column is not None
-    table, now_ms, data_partition = _collect(batches, spec.ts_column)  # keys come together
+    table, now_ms, data_partition = collect(batches, spec.ts_column)  # keys come together
     ctx = _identity(spec, data_partition)
     lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id)
     stats = RunStats()
@@ -476,7 +393,7 @@ def _rows_task(spec: _TaskSpec, processor: StatefulProcessor, batches: Any) -> I
 
 def _arrow_task(spec: _TaskSpec, fn: ArrowFunction, batches: Any) -> Iterator[Any]:
     started = time.perf_counter()
-    data_partition, stripped = _peek_partition(iter(batches))
+    data_partition, stripped = peek_partition(iter(batches))
     ctx = _identity(spec, data_partition)
     lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id)
     stats = RunStats()
