@@ -17,7 +17,13 @@ from statekeeper import (
     layout,
 )
 from statekeeper.epochs import build_manifest, write_manifest
-from statekeeper.reports import TaskReport, read_reports, write_report
+from statekeeper.reports import (
+    TaskReport,
+    decode_report,
+    encode_report,
+    read_reports,
+    write_report,
+)
 from statekeeper.spark import EpochManifest, latest_epoch, read_manifest
 from statekeeper.spark._metrics import aggregate
 from statekeeper.storage import open_blob_store
@@ -118,3 +124,16 @@ def test_aggregation_counts_each_partition_once() -> None:
     assert (m.stores_reused, m.stores_opened, m.stores_restored) == (1, 2, 1)
     assert (m.restore_time_s, m.restore_bytes, m.bytes_uploaded) == (2.0, 7, 300)
     assert "3/4 partitions committed version 4" in m.summary()
+
+
+def test_report_keys_parse_back_and_newer_reports_are_refused() -> None:
+    key = layout.report_key("op", 7, 3)
+    assert key == "_reports/op/00000000000000000007/000003.json"
+    assert layout.parse_report_key(key) == ("op", 7, 3)
+    assert layout.parse_report_key("op/3/changelog/x.changelog") is None
+    assert layout.parse_store_key(key) is None  # never mistaken for a store's blob
+    newer = encode_report(_report(0)).replace(b'"formatVersion": 1', b'"formatVersion": 9')
+    with pytest.raises(ConfigMismatchError, match="format version 9"):
+        decode_report(newer, blob=key)
+    with pytest.raises(CorruptStateError, match=r"not a statekeeper\.task-report"):
+        decode_report(b"{}", blob=key)

@@ -98,9 +98,10 @@ class StateListener(StreamingQueryListener):
         """Schedule the processing of one finished micro-batch (called per progress event)."""
         with self._cond:
             operators = list(self._operators.values())
-            self._pending.append(
-                self._pool.submit(self._process, operators, query_id, batch_id, run_id)
-            )
+            self._pending = [f for f in self._pending if not f.done()]  # bounded
+            future = self._pool.submit(self._process, operators, query_id, batch_id, run_id)
+            future.add_done_callback(_log_failure)
+            self._pending.append(future)
 
     def _process(
         self, operators: list[_Operator], query_id: str, batch_id: int, run_id: str | None
@@ -173,9 +174,7 @@ class StateListener(StreamingQueryListener):
             pending, self._pending = self._pending, []
         deadline = time.monotonic() + timeout
         for future in pending:
-            error = future.exception(timeout=max(0.0, deadline - time.monotonic()))
-            if error is not None:
-                _log.error("statekeeper could not process a micro-batch: %r", error)
+            future.exception(timeout=max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         """Stop the manifest thread (after the writes already scheduled)."""
@@ -203,6 +202,12 @@ class StateListener(StreamingQueryListener):
                 _log.info("epoch %s of %s was recorded already (a re-run)", epoch, blobs.uri)
         except StateKeeperError as exc:
             _log.warning("could not write the epoch manifest %s of %s: %s", epoch, blobs.uri, exc)
+
+
+def _log_failure(future: Future[None]) -> None:
+    error = None if future.cancelled() else future.exception()
+    if error is not None:
+        _log.error("statekeeper could not process a micro-batch", exc_info=error)
 
 
 _listeners: dict[int, tuple[SparkSession, StateListener]] = {}
