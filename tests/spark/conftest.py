@@ -22,6 +22,7 @@ from statekeeper.spark._cache import CACHE
 from tests.spark import processors
 
 MASTER = "local[2,4]"
+_CONNECT_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
 
 
 def _build() -> SparkSession:
@@ -89,12 +90,21 @@ def spark_holder() -> Iterator[SparkHolder]:
 
 
 @pytest.fixture(scope="module")
-def no_classic_session(spark_holder: SparkHolder) -> SparkHolder:
+def no_classic_session(spark_holder: SparkHolder) -> Iterator[SparkHolder]:
     """Stop the suite's classic session for a module that needs its own: a process holds one
     SparkContext at a time, and a Spark Connect client refuses to start while one runs. The
-    next test that asks for ``spark`` starts it again."""
+    next test that asks for ``spark`` starts it again.
+
+    A Connect client marks the process as in Connect mode through environment variables
+    that outlive its sessions (then a classic builder asks for a Connect URL); those it set
+    are removed after the module.
+    """
     spark_holder.stop()
-    return spark_holder
+    before = {k for k in _CONNECT_ENV if k in os.environ}
+    yield spark_holder
+    for key in _CONNECT_ENV:
+        if key not in before:
+            os.environ.pop(key, None)
 
 
 @pytest.fixture
