@@ -51,9 +51,9 @@ class ConnectServer:
         return "".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("*.out")))
 
 
-def start_connect_server(work: Path, *, master: str = "local[2]", timeout: float = 120) -> (
-    ConnectServer
-):
+def start_connect_server(
+    work: Path, *, master: str = "local[2]", timeout: float = 120
+) -> ConnectServer:
     """Start a Connect server whose Python workers run this interpreter.
 
     Raises:
