@@ -56,7 +56,7 @@ demo: $(STAMP) check-java
 bench: $(STAMP) check-java
 	$(BIN)/python benchmarks/commit.py --sizes 100000 1000000 --commits 40 --out benchmarks/results/commit.json
 	$(BIN)/python benchmarks/restore.py --keys 1000000 --versions 20 --tail 5 --out benchmarks/results/restore.json
-	$(BIN)/python benchmarks/per_key.py --keys 100000 --repeat 3 --out benchmarks/results/per_key.json
+	$(BIN)/python benchmarks/per_key.py --keys 100000 --repeat 3 --arrow-rows 100000 1000000 --out benchmarks/results/per_key.json
 	$(BIN)/python benchmarks/pipeline.py --rows 100000 --keys 1000000 --batches 10 --peer-batches 3 --out benchmarks/results/pipeline.json
 	$(BIN)/python benchmarks/report.py --results benchmarks/results --out benchmarks/RESULTS.md
 

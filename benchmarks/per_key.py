@@ -13,8 +13,13 @@ Each form runs ``--repeat`` times on a fresh batch (a new store version each tim
 micro-batches do); the best run is reported with the median, and a cProfile of one ``row``
 run is summarized with ``--profile``.
 
+``--arrow-rows`` also times the vectorized form in-process: the pipeline benchmark's
+function (``pipeline.sk_arrow_totals``: group-by, ``multi_get``, ``put_many``) through
+``run_arrow`` over one partition's batch of that many rows (keys drawn from 1M), then the
+commit, each on a store that already holds the keys of an earlier batch.
+
     .venv/bin/python benchmarks/per_key.py [--keys 100000] [--repeat 3] [--profile]
-        [--out FILE]
+        [--arrow-rows 100000 1000000] [--out FILE]
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import io
 import json
 import pstats
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -150,16 +156,57 @@ def _profile(backend: sk.StateBackend, keys: int) -> list[str]:
     return [line for line in text.getvalue().splitlines() if line.strip()][-16:]
 
 
+def measure_arrow(sizes: list[int], work: Path) -> dict[str, Any]:
+    """Milliseconds of the vectorized function and of the commit per batch size."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from pipeline import sk_arrow_totals
+
+    from statekeeper.spark._runner import run_arrow
+
+    schema = pa.schema([("k", pa.string()), ("count", pa.int64()), ("sum", pa.int64())])
+    config = sk.StoreConfig(local_dir=str(work / "arrow-local"), snapshot_every=1_000_000)
+    found: dict[str, Any] = {}
+    with sk.StateBackend(str(work / "arrow-root"), config=config) as backend:
+        for rows in sizes:
+            name = f"arrow{rows}"
+            backend.register(name, 1)
+            for attempt in range(2):  # the second finds the first one's keys in the store
+                rng = np.random.default_rng([rows, attempt])
+                ids = rng.integers(0, 1_000_000, rows).tolist()
+                table = pa.table({"k": [f"k{i}" for i in ids], "v": rng.integers(0, 1000, rows)})
+                with backend.open(name, 0) as store:
+                    started = time.perf_counter()
+                    out = run_arrow(
+                        store, sk_arrow_totals, iter(table.to_batches(max_chunksize=10_000)),
+                        output_schema=schema, operator=name, batch_id=store.version, partition=0,
+                    )  # fmt: skip
+                    keys = sum(batch.num_rows for batch in out)
+                    ran = time.perf_counter() - started
+                    store.commit()
+                    committed = time.perf_counter() - started - ran
+            found[str(rows)] = {
+                "keys": keys,
+                "function_ms": round(ran * 1000),
+                "function_us_per_row": round(ran / rows * 1e6, 2),
+                "commit_ms": round(committed * 1000),
+            }
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, measure, print (and optionally write) the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", type=int, default=100_000, help="keys per batch")
     parser.add_argument("--repeat", type=int, default=3, help="measured runs per form")
     parser.add_argument("--profile", action="store_true", help="add a profile of the Row form")
+    parser.add_argument(
+        "--arrow-rows", type=int, nargs="*", default=[], help="vectorized form: rows per batch"
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="sk-bench-per-key-") as tmp:
         results = measure(args.keys, args.repeat, Path(tmp), args.profile)
+        arrow = measure_arrow(args.arrow_rows, Path(tmp)) if args.arrow_rows else None
     summary = {
         "benchmark": "per_key",
         "date": time.strftime("%Y-%m-%d"),
@@ -170,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             "per_key": "one value-state get, one update, one output row",
         },
         "results": results,
+        **({"arrow": arrow} if arrow is not None else {}),
     }
     text = json.dumps(summary, indent=2)
     print(text)

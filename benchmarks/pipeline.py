@@ -330,6 +330,8 @@ def _sk_state_metrics(spark: Any, query_id: str, batch_ids: list[int]) -> dict[s
     opened = metrics[0]
     return {
         "commit_ms": [round(m.commit_latency_p50_s * 1000, 1) for m in metrics],
+        # The slowest task of the operator's stage (our part of the batch), per batch.
+        "task_max_ms": [round(m.task_time_max_s * 1000) for m in metrics],
         "restore": {
             "stores_restored": opened.stores_restored,
             "restore_time_max_s": round(opened.restore_time_max_s, 3),
@@ -428,6 +430,8 @@ def _summarize(variant: str, run: dict[str, Any], work: Path) -> dict[str, Any]:
         else _dir_bytes(work / "sk-root" / variant if is_sk else ckpt / "state"),
         "query_checkpoint_bytes": _dir_bytes(ckpt, exclude="state"),
         "local_state_bytes": _dir_bytes(work / "sk-local" / variant) if is_sk else None,
+        # The machine is shared: the load right after the run says how much others used it.
+        "load_average_1m_after": round(os.getloadavg()[0], 2),
     }
 
 

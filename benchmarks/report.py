@@ -205,6 +205,25 @@ def per_key_section(data: dict[str, Any]) -> list[str]:
         f"{data['date']}.",
         "",
         *_table(["form", "µs/key (best)", "µs/key (median)", "keys/s", "target"], rows),
+        *_arrow_lines(data.get("arrow")),
+    ]
+
+
+def _arrow_lines(arrow: dict[str, Any] | None) -> list[str]:
+    """The vectorized form in-process, per batch size."""
+    if not arrow:
+        return []
+    rows = [
+        [f"{int(size):,}", f"{r['keys']:,}", r["function_ms"], r["function_us_per_row"],
+         r["commit_ms"]]
+        for size, r in arrow.items()
+    ]  # fmt: skip
+    return [
+        "",
+        "The vectorized form in-process (`pipeline.sk_arrow_totals` through `run_arrow`, one "
+        "partition, keys drawn from 1M, a store holding an earlier batch's keys):",
+        "",
+        *_table(["rows / batch", "keys", "function ms", "µs / row", "commit ms"], rows),
     ]
 
 
@@ -244,6 +263,7 @@ PIPELINE_ROWS: list[tuple[str, Any]] = [
     ("local working copies", lambda r: _mb(r.get("local_state_bytes"))),
     ("restart in a new session: to 1st batch done", lambda r: _restart(r, "warm")),
     ("restart, statekeeper local dir wiped: same", lambda r: _restart(r, "cold")),
+    ("load average (1 min) right after", lambda r: r.get("load_average_1m_after", "-")),
     ("keys in final state", lambda r: "-" if r["final_keys"] is None else f"{r['final_keys']:,}"),
     ("equals a batch groupBy", lambda r: "yes" if r["mismatched_keys"] == 0 else "**no**"),
 ]
@@ -274,6 +294,7 @@ def pipeline_section(data: dict[str, Any]) -> list[str]:
     w, variants = data["workload"], data["variants"]
     header = ["", *(f"`{name}`" for name in variants)]
     rows = [[label, *(fn(r) for r in variants.values())] for label, fn in PIPELINE_ROWS]
+    rows = [row for row in rows if any(cell != "-" for cell in row[1:])]  # not measured: left out
     legend = [f"- `{name}`: {r['label']}" for name, r in variants.items()]
     load = data.get("machine", {})
     if "load_average_1m_before" in load:

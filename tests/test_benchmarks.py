@@ -82,7 +82,8 @@ def pipeline(results: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def per_key(results: Path) -> dict[str, Any]:
     """A tiny in-process per-key run into ``results``."""
-    return _run("per_key", results / "per_key.json", "--keys", "300", "--repeat", "2")
+    args = ["--keys", "300", "--repeat", "2", "--arrow-rows", "500"]
+    return _run("per_key", results / "per_key.json", *args)
 
 
 def test_per_key_reports_every_form(per_key: dict[str, Any]) -> None:
@@ -93,6 +94,10 @@ def test_per_key_reports_every_form(per_key: dict[str, Any]) -> None:
         assert r["keys_per_s"] > 0
     assert found["results"]["row"]["target_us"] == 15.0
     assert isinstance(found["results"]["pandas"]["met"], bool)
+    arrow = found["arrow"]["500"]
+    assert 0 < arrow["keys"] <= 500
+    assert arrow["function_ms"] >= 0
+    assert arrow["commit_ms"] >= 0
 
 
 def test_commit_and_restore_print_the_fields_the_report_reads(results: Path) -> None:
@@ -178,6 +183,7 @@ def test_report_renders_every_table(
     assert "Steady rows/s against the best Spark peer" in text
     assert "ran the first 1 of the 2 batches" in text
     assert "| `row` |" in text
+    assert "| 500 |" in text
     assert "keys): yes." in text
 
 
