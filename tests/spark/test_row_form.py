@@ -123,7 +123,10 @@ def test_both_forms_compute_the_same_totals_and_the_row_form_sees_rows_in_order(
                 store.commit()
         if isinstance(processor, RowTotals):
             rows = processor.seen["a"]
-            assert [(r.k, r.v, r["v"], r[1]) for r in rows] == [("a", 20, 20, 20), ("a", 30, 30, 30)]
+            assert [(r.k, r.v, r["v"], r[1]) for r in rows] == [
+                ("a", 20, 20, 20),
+                ("a", 30, 30, 30),
+            ]
             assert rows[0].asDict() == {"k": "a", "v": 20}
     assert outputs["row"] == outputs["pandas"]
     assert outputs["row"][1] == [
