@@ -126,7 +126,7 @@ def sk_arrow_totals(store: Any, batches: Iterator[Any]) -> Iterator[Any]:
     State values are ``(count, sum)`` as two little-endian int64 (16 bytes). Keys are encoded
     by Arrow kernels (``encode_keys``); the only Python loops are the store calls.
     """
-    from statekeeper.keyed import encode_keys
+    from statekeeper.spark import encode_keys
 
     table = pa.Table.from_batches(list(batches), schema=INPUT_ARROW)
     if table.num_rows == 0:

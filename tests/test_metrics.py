@@ -44,7 +44,7 @@ def test_commit_history_counts_bytes_and_records_from_the_blobs(tmp_path: Path) 
                 for i in range(v):
                     store.put(f"k{i}".encode(), b"x" * 10)
                 infos.append(store.commit())
-        listing = RootListing.of(backend.blobs)
+        listing = RootListing.of(backend.blobs, root_id=backend.root_metadata().root_id)  # type: ignore[union-attr]
         commits = commit_history(backend.blobs, listing, "ops", 0)
         last_two = commit_history(backend.blobs, listing, "ops", 0, last=2)
     assert [(c.version, c.kind, c.records) for c in commits] == [

@@ -29,8 +29,8 @@ from statekeeper.errors import (
     CommitConflictError,
     ConfigMismatchError,
     CorruptStateError,
-    StateNotFoundError,
 )
+from statekeeper.history import StoreHistory
 from statekeeper.storage import BlobStore
 
 __all__ = [
@@ -155,11 +155,13 @@ def build_manifest(
     query_id: str,
     run_id: str | None,
     operators: Mapping[str, tuple[int, Mapping[int, str]]],
+    root_id: str,
 ) -> tuple[EpochManifest | None, str]:
     """Describe the root after ``epoch``: operator -> (partition count, {partition: blob}).
 
-    Partitions without a reported commit blob are looked up in the root; the newest
-    snapshot of each partition is found by listing its (short) snapshot folder.
+    Each partition's history (its newest store manifest, or its format-1 listing) gives the
+    blob of version ``epoch + 1`` when the task did not report it, and the newest snapshot
+    at or below it. ``root_id`` is the root's (manifests are checked against it).
 
     Returns:
         The manifest, or ``None`` and the reason when some partition has not committed
@@ -173,16 +175,12 @@ def build_manifest(
     for op, (count, reported) in operators.items():
         entries = []
         for p in range(count):
-            blob = reported.get(p) or _find_commit(blobs, op, p, version)
+            history = StoreHistory.load(blobs, op, p, root_id=root_id)
+            blob = reported.get(p) or _commit_blob(history, version)
             if blob is None:
                 return None, f"partition {p} of operator {op!r} has not committed version {version}"
-            snaps = [
-                v
-                for meta in blobs.list(layout.snapshot_prefix(op, p))
-                if (v := layout.parse_snapshot_key(meta.key)) is not None and v <= version
-            ]
-            snap = max(snaps, default=None)
-            index = None if snap is None else layout.snapshot_index_key(op, p, snap)
+            snap = max((v for v in history.snapshots if v <= version), default=None)
+            index = None if snap is None else history.index_key(snap)
             entries.append(StoreEntry(p, version, blob, snap, index))
         stores[op] = entries
     manifest = EpochManifest(
@@ -196,16 +194,12 @@ def build_manifest(
     return manifest, ""
 
 
-def _find_commit(blobs: BlobStore, operator: str, partition: int, version: int) -> str | None:
-    for key in (
-        layout.changelog_key(operator, partition, version),
-        layout.snapshot_index_key(operator, partition, version),
-    ):
-        try:
-            blobs.head(key)
-            return key
-        except StateNotFoundError:
-            continue
+def _commit_blob(history: StoreHistory, version: int) -> str | None:
+    """The blob that committed ``version`` (its changelog, or its snapshot index)."""
+    if version in history.changelogs:
+        return history.changelog_key(version)
+    if version in history.snapshots:
+        return history.index_key(version)
     return None
 
 

@@ -243,15 +243,7 @@ def _plan_store(
         # newest one, which is kept); orphans wait out the grace period.
         if blob_id in expired or (not busy and now - m.last_modified >= config.orphan_ttl_s):
             doomed.append(m)
-    doomed_keys = {m.key for m in doomed}
-    for m in metas:
-        if m.key in doomed_keys:
-            report.deleted_blobs += 1
-            report.deleted_bytes += m.size
-        else:
-            report.kept_blobs += 1
-            report.kept_bytes += m.size
-    return report, _ordered(doomed_keys)
+    return report, _tally(report, metas, {m.key for m in doomed})
 
 
 @dataclass(frozen=True)
@@ -283,13 +275,13 @@ def _plan_manifest_store(
         _log.warning("gc skipped store %s: %s", report.store, exc)
         return report, []
     report.latest, report.base = manifest.latest, manifest.base
-    report.oldest_retained = max(manifest.base, manifest.latest - st.config.retain_versions + 1)
+    report.oldest_retained = _oldest_retained(manifest, st.config)
     old = st.now - st.config.orphan_ttl_s
     superseded = _superseded(st, metas, old)
     doomed: list[BlobMeta] = []
     for m in metas:
-        if layout.parse_metrics_key(m.key) is not None:
-            if layout.parse_metrics_key(m.key) < report.oldest_retained:  # type: ignore[operator]
+        if (metrics_version := layout.parse_metrics_key(m.key)) is not None:
+            if metrics_version < report.oldest_retained:
                 doomed.append(m)
             continue
         if layout.parse_manifest_key(m.key) is not None:
@@ -300,27 +292,18 @@ def _plan_manifest_store(
             continue
         if m.last_modified <= old or _expired_version(m.key, manifest.base):
             doomed.append(m)
-    doomed_keys = {m.key for m in doomed}
-    for m in metas:
-        if m.key in doomed_keys:
-            report.deleted_blobs += 1
-            report.deleted_bytes += m.size
-        else:
-            report.kept_blobs += 1
-            report.kept_bytes += m.size
-    return report, _ordered(doomed_keys)
+    return report, _tally(report, metas, {m.key for m in doomed})
+
+
+def _oldest_retained(manifest: StoreManifest, config: StoreConfig) -> int:
+    return max(manifest.base, manifest.latest - config.retain_versions + 1)
 
 
 def _expired_version(key: str, base: int) -> bool:
     """Whether ``key`` is a changelog or snapshot index of a version the store no longer
     retains (at or below the base; an index of the base itself is named if it is kept):
     deleted at once, as format 1 did; the files of such a snapshot wait out the grace."""
-    parsed = layout.parse_attempt_changelog_key(key) or layout.parse_attempt_snapshot_key(key)
-    version = parsed[0] if parsed is not None else None
-    if version is None:
-        version = layout.parse_changelog_key(key)
-    if version is None and (v := layout.parse_snapshot_key(key)) is not None:
-        version = v
+    version = layout.commit_blob_version(key)
     return version is not None and version <= base
 
 
@@ -358,7 +341,7 @@ def _new_base(
 ) -> int | None:
     """The newest snapshot at or below the oldest retained version whose index and files
     all exist (``checked``: index keys found complete already), if it is above the base."""
-    oldest = max(manifest.base, manifest.latest - st.config.retain_versions + 1)
+    oldest = _oldest_retained(manifest, st.config)
     candidates = [s for s in manifest.snapshots if manifest.base < s.version <= oldest]
     for snap in reversed(candidates):
         if snap.index_blob in checked:
@@ -394,14 +377,10 @@ def _protected(st: _Store, manifest: StoreManifest) -> set[str]:
     old_ms = (st.now - st.config.orphan_ttl_s) * 1000
     indexes = [(s.version, s.index_blob) for s in manifest.snapshots]
     for retired in manifest.retired:
-        if retired.time_ms >= old_ms:
+        found = layout.commit_blob_version(retired.index_blob)
+        if retired.time_ms >= old_ms and found is not None:
             keys.add(retired.index_blob)
-            parsed = layout.parse_attempt_snapshot_key(retired.index_blob)
-            found = (
-                parsed[0] if parsed is not None else layout.parse_snapshot_key(retired.index_blob)
-            )
-            if found is not None:
-                indexes.append((found, retired.index_blob))
+            indexes.append((found, retired.index_blob))
     for version, key in indexes:
         try:
             index = load_index(st.blobs, st.operator, st.partition, version, key=key)
@@ -425,6 +404,18 @@ def _superseded(st: _Store, metas: list[BlobMeta], old: float) -> set[str]:
         for (_, m), (_, successor) in itertools.pairwise(manifests)
         if successor.last_modified <= old
     }
+
+
+def _tally(report: StoreGc, metas: list[BlobMeta], doomed: set[str]) -> list[str]:
+    """Count deleted and kept blobs into ``report``; the doomed keys in deletion order."""
+    for m in metas:
+        if m.key in doomed:
+            report.deleted_blobs += 1
+            report.deleted_bytes += m.size
+        else:
+            report.kept_blobs += 1
+            report.kept_bytes += m.size
+    return _ordered(doomed)
 
 
 def _referenced(blobs: BlobStore, operator: str, partition: int, versions: list[int]) -> set[str]:

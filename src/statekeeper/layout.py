@@ -197,6 +197,16 @@ def parse_attempt_changelog_key(key: str) -> tuple[int, str] | None:
     return _parse_attempt(key, "/changelog/", _CHANGELOG_SUFFIX)
 
 
+def commit_blob_version(key: str) -> int | None:
+    """The version of a changelog or snapshot index key of either format, or ``None`` if
+    ``key`` is neither."""
+    parsed = parse_attempt_changelog_key(key) or parse_attempt_snapshot_key(key)
+    if parsed is not None:
+        return parsed[0]
+    version = parse_changelog_key(key)
+    return version if version is not None else parse_snapshot_key(key)
+
+
 def _parse_attempt(key: str, infix: str, suffix: str) -> tuple[int, str] | None:
     head, sep, tail = key.rpartition(infix)
     if not sep or head.count("/") != 1 or not tail.endswith(suffix):

@@ -37,7 +37,7 @@ from typing import Any
 from statekeeper import layout
 from statekeeper.changelog import HEADER_SIZE, read_header
 from statekeeper.errors import CorruptStateError, StateNotFoundError
-from statekeeper.history import RootListing
+from statekeeper.history import RootListing, StoreHistory
 from statekeeper.snapshot import SnapshotIndex, load_index, referenced_blob_ids
 from statekeeper.storage import BlobStore
 
@@ -253,13 +253,13 @@ def commit_history(
         return []
     logged = [v for v in versions if v in history.changelogs]
     sizes = listing.sizes(operator, partition)
-    records = _record_counts(blobs, operator, partition, logged, io_threads, on_header)
+    records = _record_counts(blobs, history, logged, io_threads, on_header)
     recorded = read_commit_metrics(blobs, operator, partition, since=versions[0])
-    snapshots = _SnapshotBytes(blobs, operator, partition, sizes, sorted(history.snapshots))
+    snapshots = _SnapshotBytes(blobs, history, sizes)
     out = []
     for v in versions:
         if v in records:
-            size = sizes[layout.changelog_key(operator, partition, v)]
+            size = sizes[history.changelog_key(v)]
             commit = CommitRecord(v, "changelog", size, records[v], None)
         else:
             commit = CommitRecord(v, "snapshot", snapshots.bytes_of(v), None, None)
@@ -276,8 +276,7 @@ def commit_history(
 
 def _record_counts(
     blobs: BlobStore,
-    operator: str,
-    partition: int,
+    history: StoreHistory,
     versions: list[int],
     io_threads: int,
     on_header: Callable[[], None] | None,
@@ -285,7 +284,7 @@ def _record_counts(
     """Record count of each changelog, from its header alone, read in parallel."""
 
     def count(v: int) -> int:
-        key = layout.changelog_key(operator, partition, v)
+        key = history.changelog_key(v)
         header = read_header(blobs.get_range(key, 0, HEADER_SIZE), blob=key)
         if on_header is not None:
             on_header()
@@ -298,34 +297,27 @@ def _record_counts(
 class _SnapshotBytes:
     """Bytes a snapshot-mode commit uploaded: its index plus the file blobs new in it."""
 
-    def __init__(
-        self,
-        blobs: BlobStore,
-        operator: str,
-        partition: int,
-        sizes: dict[str, int],
-        snapshots: list[int],
-    ) -> None:
-        self._blobs, self._operator, self._partition = blobs, operator, partition
+    def __init__(self, blobs: BlobStore, history: StoreHistory, sizes: dict[str, int]) -> None:
+        self._blobs, self._history = blobs, history
+        self._operator, self._partition = history.operator, history.partition
         self._sizes = sizes
-        self._snapshots = snapshots
+        self._snapshots = sorted(history.snapshots)
         self._indexes: dict[int, SnapshotIndex | None] = {}
 
     def _index(self, version: int) -> SnapshotIndex | None:
         if version not in self._indexes:
             try:
                 self._indexes[version] = load_index(
-                    self._blobs, self._operator, self._partition, version
-                )
+                    self._blobs, self._operator, self._partition, version,
+                    key=self._history.index_key(version),
+                )  # fmt: skip
             except StateNotFoundError:
                 self._indexes[version] = None
         return self._indexes[version]
 
     def bytes_of(self, version: int) -> int:
         index = self._index(version)
-        own = self._sizes.get(
-            layout.snapshot_index_key(self._operator, self._partition, version), 0
-        )
+        own = self._sizes.get(self._history.index_key(version), 0)
         if index is None:
             return own
         older = [v for v in self._snapshots if v < version]

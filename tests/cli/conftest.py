@@ -7,6 +7,7 @@ versions 1-7 with snapshots 3 and 6, partition 1 one version holding binary keys
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from click.testing import CliRunner, Result
 import statekeeper as sk
 from statekeeper import layout
 from statekeeper.cli import cli
+from statekeeper.history import RootListing, StoreHistory
 from statekeeper.storage import BlobStore, open_blob_store
 
 Store = tuple[str, int]
@@ -139,6 +141,12 @@ def flip(blobs: BlobStore, key: str, offset: int) -> None:
     data = bytearray(blobs.get(key))
     data[offset] ^= 0xFF
     blobs.put(key, bytes(data), overwrite=True)
+
+
+def history_of(blobs: BlobStore, operator: str, partition: int) -> StoreHistory:
+    """The store's history as its newest manifest states it (the blob key of each version)."""
+    root_id = str(json.loads(blobs.get(layout.ROOT_METADATA))["rootId"])
+    return RootListing.of(blobs, root_id=root_id).history(operator, partition)
 
 
 def keys_of(blobs: BlobStore, prefix: str) -> list[str]:

@@ -10,9 +10,8 @@ import pytest
 import rocksdict
 
 import statekeeper as sk
-from statekeeper import layout
 from statekeeper.keyed import PickleCodec, StatefulProcessorHandle, encode_key
-from tests.cli.conftest import Built, flip, one_error_line, run
+from tests.cli.conftest import Built, flip, history_of, one_error_line, run
 
 
 def _inspect(root: Built, *args: str) -> dict[str, object]:
@@ -154,9 +153,9 @@ def test_inspect_bad_input_is_a_usage_error(root: Built, args: list[str], expect
 
 
 def test_inspect_corrupt_changelog_fails_naming_it(root: Built) -> None:
-    key = layout.changelog_key("counts", 0, 2)
     blobs = root.blobs()
     try:
+        key = history_of(blobs, "counts", 0).changelog_key(2)
         flip(blobs, key, -1)
     finally:
         blobs.close()
@@ -245,9 +244,9 @@ def test_restore_of_an_unknown_version_creates_nothing(local: Built, tmp_path: P
 def test_restore_of_a_corrupt_store_fails_and_leaves_no_target(
     local: Built, tmp_path: Path
 ) -> None:
-    key = layout.changelog_key("counts", 0, 7)
     blobs = local.blobs()
     try:
+        key = history_of(blobs, "counts", 0).changelog_key(7)
         flip(blobs, key, -1)
     finally:
         blobs.close()

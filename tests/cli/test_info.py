@@ -18,7 +18,7 @@ def test_info_json_describes_every_store(root: Built) -> None:
         listed = blobs.list("")
     finally:
         blobs.close()
-    assert doc["format_version"] == 1
+    assert doc["format_version"] == 2
     assert doc["blobs"] == len(listed)
     assert doc["bytes"] == sum(m.size for m in listed)
     assert doc["mode"] == "mixed"
@@ -44,7 +44,7 @@ def test_info_table_for_people(root: Built) -> None:
     result = run("info", root.uri, *root.opts)
     assert result.exit_code == 0
     out = result.stdout
-    assert "format version 1" in out
+    assert "format version 2" in out
     for word in ("counts", "snap", "changelog", "snapshot", "0/2", "1/2"):
         assert word in out
 
@@ -99,7 +99,9 @@ def test_versions_of_one_partition_in_a_table(root: Built) -> None:
 def test_versions_of_snapshot_mode_store(root: Built) -> None:
     doc = json.loads(run("versions", root.uri, "snap", *root.opts, "--json").stdout)
     [part] = doc["partitions"]
+    # version 0 (the empty store) stays restorable in snapshot mode: batch 0 can re-run
     assert [(v["version"], v["snapshot"], v["changelogs"]) for v in part["versions"]] == [
+        (0, None, []),
         (1, 1, []),
         (2, 2, []),
         (3, 3, []),

@@ -9,10 +9,10 @@ import pytest
 import rocksdict
 
 from statekeeper import StateBackend, layout
-from statekeeper.history import RootListing, StoreHistory
+from statekeeper.history import StoreHistory
 from statekeeper.snapshot import load_index, referenced_blob_ids
 from statekeeper.storage import BlobStore
-from tests.cli.conftest import Built, flip, keys_of, one_error_line, run
+from tests.cli.conftest import Built, flip, history_of, keys_of, one_error_line, run
 
 needs_verify = pytest.mark.skipif(
     not hasattr(StateBackend, "verify"), reason="StateBackend.verify is not in the core yet"
@@ -23,11 +23,7 @@ needs_gc = pytest.mark.skipif(
 
 
 def _history(blobs: BlobStore) -> StoreHistory:
-    return RootListing.of(blobs, root_id=_root_id(blobs)).history("counts", 0)
-
-
-def _root_id(blobs: BlobStore) -> str:
-    return str(json.loads(blobs.get(layout.ROOT_METADATA))["rootId"])
+    return history_of(blobs, "counts", 0)
 
 
 def _file_blob(blobs: BlobStore) -> str:

@@ -27,6 +27,7 @@ from statekeeper.reports import (
 from statekeeper.spark import EpochManifest, latest_epoch, read_manifest
 from statekeeper.spark._metrics import aggregate
 from statekeeper.storage import open_blob_store
+from tests.blobstores import store_history
 
 
 @pytest.fixture
@@ -44,24 +45,29 @@ def _commit(backend: StateBackend, partition: int, times: int) -> None:
     backend.snapshot("op", partition)  # of the latest version
 
 
+def _root_id(backend: StateBackend) -> str:
+    meta = backend.root_metadata()
+    assert meta is not None
+    return meta.root_id
+
+
 def test_a_manifest_names_versions_commits_and_snapshots(backend: StateBackend) -> None:
     _commit(backend, 0, 2)
     _commit(backend, 1, 2)
+    histories = [store_history(backend, "op", p) for p in (0, 1)]
     manifest, why = build_manifest(
         backend.blobs, epoch=1, query_id="q", run_id="r",
-        operators={"op": (2, {0: layout.changelog_key("op", 0, 2)})},
+        operators={"op": (2, {0: histories[0].changelog_key(2)})}, root_id=_root_id(backend),
     )  # fmt: skip
     assert manifest is not None, why
     assert write_manifest(backend.blobs, manifest)
     read = read_manifest(backend.blobs, 1)
     assert read.versions() == {"op": [2, 2]}
     assert [e.commit_blob for e in read.stores["op"]] == [
-        layout.changelog_key("op", p, 2)
-        for p in (0, 1)  # partition 1 was looked up
+        h.changelog_key(2)
+        for h in histories  # partition 1 was looked up
     ]
-    assert [e.snapshot_index for e in read.stores["op"]] == [
-        layout.snapshot_index_key("op", p, 2) for p in (0, 1)
-    ]
+    assert [e.snapshot_index for e in read.stores["op"]] == [h.index_key(2) for h in histories]
     assert latest_epoch(backend.blobs) == 1
     assert not write_manifest(backend.blobs, manifest)  # a re-run of the epoch: no change
     other = dataclasses.replace(manifest, stores={"op": manifest.stores["op"][:1]})
@@ -72,7 +78,12 @@ def test_a_manifest_names_versions_commits_and_snapshots(backend: StateBackend) 
 def test_an_incomplete_epoch_gets_no_manifest(backend: StateBackend) -> None:
     _commit(backend, 0, 1)
     manifest, why = build_manifest(
-        backend.blobs, epoch=0, query_id="q", run_id=None, operators={"op": (2, {})}
+        backend.blobs,
+        epoch=0,
+        query_id="q",
+        run_id=None,
+        operators={"op": (2, {})},
+        root_id=_root_id(backend),
     )
     assert manifest is None
     assert why == "partition 1 of operator 'op' has not committed version 1"

@@ -122,10 +122,20 @@ def test_format_doc_matches_the_code(tmp_path: Path) -> None:
     example = json.loads(blocks(text, "json")[0])
     meta = RootMetadata.from_json(json.dumps(example).encode(), blob="example")
     assert meta.operators == {"sessions": 2}
+    assert (meta.format_version, meta.generations) == (2, {"sessions": 3})
     assert f"magic `{MAGIC.decode()}`" in text
     assert f"A {HEADER_SIZE}-byte header" in text
     assert layout.changelog_key("op", 3, 7) == "op/3/changelog/00000000000000000007.changelog"
-    for pattern in ("changelog/<version:020d>.changelog", "snapshot/<version:020d>.index.json"):
+    assert layout.attempt_changelog_key("op", 3, 7, "a1") == (
+        "op/3/changelog/00000000000000000007-a1.changelog"
+    )
+    for pattern in (
+        "changelog/<version:020d>.changelog",
+        "snapshot/<version:020d>.index.json",
+        "manifest/<seq:020d>.json",
+        "changelog/<version:020d>-<attempt>.changelog",
+        "snapshot/<version:020d>-<upload>.index.json",
+    ):
         assert pattern in text
     backend = sk.StateBackend(
         str(tmp_path / "root"), config=sk.StoreConfig(local_dir=str(tmp_path))

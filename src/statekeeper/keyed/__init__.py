@@ -31,8 +31,8 @@ from statekeeper.keyed._entries import (
 from statekeeper.keyed._handles import ListState, MapState, StatefulProcessorHandle, ValueState
 from statekeeper.keyed._layout import OperatorRecord, StateDecl
 from statekeeper.keyed._processor import StatefulProcessor, input_form
-from statekeeper.keyed._rows import build_rows, row_class
-from statekeeper.keyed._tuples import decode_key, encode_key, encode_keys
+from statekeeper.keyed._row_type import build_rows, row_class
+from statekeeper.keyed._tuples import decode_key, encode_element, encode_key
 from statekeeper.keyed._values import Codec, DefaultCodec, PickleCodec
 
 __all__ = [
@@ -51,8 +51,8 @@ __all__ = [
     "ValueState",
     "build_rows",
     "decode_key",
+    "encode_element",
     "encode_key",
-    "encode_keys",
     "input_form",
     "iter_state",
     "jsonable",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
@@ -29,7 +29,6 @@ __all__ = [
     "decode_key",
     "encode_element",
     "encode_key",
-    "encode_keys",
 ]
 
 KeyValue = None | bool | int | float | str | bytes | dt.date | dt.datetime | Decimal
@@ -67,40 +66,6 @@ def encode_key(values: Iterable[Any]) -> bytes:
     for value in values:
         _encode(value, out)
     return bytes(out)
-
-
-def encode_keys(columns: Sequence[Any]) -> list[bytes]:
-    """Encode many keys at once: ``columns`` are pyarrow arrays (or chunked arrays), one per
-    key column, of equal length; the result is ``encode_key`` of each row.
-
-    String and binary columns without nulls are encoded with Arrow kernels (no Python loop
-    over rows); other columns fall back to :func:`encode_key` per row.
-
-    Raises:
-        TypeError: an element has a type keys cannot hold.
-    """
-    import pyarrow as pa  # type: ignore[import-untyped]  # only callers with Arrow data
-    import pyarrow.compute as pc  # type: ignore[import-untyped]
-
-    if not columns:
-        return []
-    end = pa.scalar(b"\x00\x01", pa.large_binary())
-    parts = []
-    for column in columns:
-        kind = column.type
-        if column.null_count or not (
-            pa.types.is_string(kind) or pa.types.is_large_string(kind)
-            or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
-        ):  # fmt: skip
-            return [encode_key(key) for key in zip(*(c.to_pylist() for c in columns), strict=True)]
-        tag = bytes(
-            (_STR if pa.types.is_string(kind) or pa.types.is_large_string(kind) else _BYTES,)
-        )
-        raw = column.cast(pa.large_binary())
-        escaped = pc.replace_substring(raw, b"\x00", b"\x00\xff")
-        parts += [pa.scalar(tag, pa.large_binary()), escaped, end]
-    joined = pc.binary_join_element_wise(*parts, pa.scalar(b"", pa.large_binary()))
-    return joined.to_pylist()  # type: ignore[no-any-return]
 
 
 def encode_element(value: Any) -> bytes:

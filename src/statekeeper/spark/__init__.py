@@ -46,6 +46,7 @@ from statekeeper.keyed import (
 )
 from statekeeper.reports import TaskReport
 from statekeeper.spark._filelock import StoreBusyError
+from statekeeper.spark._keys import encode_keys
 from statekeeper.spark._listener import StateListener, state_listener
 from statekeeper.spark._metrics import BatchMetrics, batch_metrics
 from statekeeper.spark._output import OutputSchemaError
@@ -73,6 +74,7 @@ __all__ = [
     "batch_metrics",
     "decode_key",
     "encode_key",
+    "encode_keys",
     "latest_epoch",
     "read_manifest",
     "read_state",

@@ -28,6 +28,7 @@ from statekeeper.errors import StateKeeperError
 from statekeeper.reports import TaskReport, read_reports
 from statekeeper.spark._metrics import BatchMetrics, aggregate
 from statekeeper.storage import BlobStore
+from statekeeper.store import StateBackend
 
 __all__ = ["StateListener", "register_operator", "state_listener"]
 
@@ -189,9 +190,13 @@ class StateListener(StreamingQueryListener):
         operators: dict[str, tuple[int, dict[int, str]]],
     ) -> None:
         try:
+            # Only the root id is wanted: the backend is not closed, as that would close the
+            # listener's blob store (it starts no thread before a store is opened).
+            meta = StateBackend(blobs).root_metadata()
             manifest, why = build_manifest(
-                blobs, epoch=epoch, query_id=query_id, run_id=run_id, operators=operators
-            )
+                blobs, epoch=epoch, query_id=query_id, run_id=run_id, operators=operators,
+                root_id="" if meta is None else meta.root_id,
+            )  # fmt: skip
             if manifest is None:
                 _log.warning("no epoch manifest for batch %s of %s: %s", epoch, blobs.uri, why)
                 return

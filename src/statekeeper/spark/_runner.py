@@ -23,9 +23,9 @@ from statekeeper.keyed import (
     StatefulProcessor,
     StatefulProcessorHandle,
     build_rows,
-    encode_keys,
     input_form,
 )
+from statekeeper.spark._keys import encode_keys
 from statekeeper.spark._output import OutputWriter, conform_batch
 from statekeeper.store import StateStore
 

@@ -1,0 +1,50 @@
+"""Key encoding of whole Arrow columns: the task runtime's bulk path to ``encode_key``.
+
+It lives here, not in ``keyed``, because only the Spark layer holds Arrow data (``keyed``
+needs no pyarrow). It writes exactly what :func:`statekeeper.keyed.encode_key` writes, deriving
+each element's tag and terminator from :func:`statekeeper.keyed.encode_element`, so the
+format stays owned by ``keyed``; ``tests/spark/test_keys.py`` checks the two agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+from statekeeper.keyed import encode_element, encode_key
+
+__all__ = ["encode_keys"]
+
+# A string element is its tag, its UTF-8 bytes with 0x00 escaped as 0x00 0xFF, and a
+# terminator; the empty string is tag + terminator. Same for bytes.
+_STR_TAG, _END = encode_element("")[:1], encode_element("")[1:]
+_BYTES_TAG = encode_element(b"")[:1]
+
+
+def encode_keys(columns: Sequence[Any]) -> list[bytes]:
+    """Encode many keys at once: ``columns`` are pyarrow arrays (or chunked arrays), one per
+    key column, of equal length; the result is ``encode_key`` of each row.
+
+    String and binary columns without nulls are encoded with Arrow kernels (no Python loop
+    over rows); other columns fall back to :func:`encode_key` per row.
+
+    Raises:
+        TypeError: an element has a type keys cannot hold.
+    """
+    if not columns:
+        return []
+    end = pa.scalar(_END, pa.large_binary())
+    parts = []
+    for column in columns:
+        kind = column.type
+        text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+        binary = pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+        if column.null_count or not (text or binary):
+            return [encode_key(key) for key in zip(*(c.to_pylist() for c in columns), strict=True)]
+        escaped = pc.replace_substring(column.cast(pa.large_binary()), b"\x00", b"\x00\xff")
+        parts += [pa.scalar(_STR_TAG if text else _BYTES_TAG, pa.large_binary()), escaped, end]
+    joined = pc.binary_join_element_wise(*parts, pa.scalar(b"", pa.large_binary()))
+    return joined.to_pylist()  # type: ignore[no-any-return]
