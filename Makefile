@@ -60,9 +60,9 @@ bench: $(STAMP) check-java
 	$(BIN)/python benchmarks/pipeline.py --rows 100000 --keys 1000000 --batches 10 --peer-batches 3 --out benchmarks/results/pipeline.json
 	$(BIN)/python benchmarks/report.py --results benchmarks/results --out benchmarks/RESULTS.md
 
-# Deterministic simulation of the commit protocol (tests/sim): SEEDS seeds of every scenario
-# today's code passes, a summary table, and a one-line reproduction per failing seed. Options
-# go in SOAK_ARGS, e.g. make soak SEEDS=200 SOAK_ARGS="--all --first 0".
+# Deterministic simulation of the commit protocol (tests/sim): SEEDS seeds of every scenario,
+# a summary table, and a one-line reproduction per failing seed. Options
+# go in SOAK_ARGS, e.g. make soak SEEDS=200 SOAK_ARGS="--first 0".
 .PHONY: soak
 SEEDS ?= 1000
 soak: $(STAMP)

@@ -1,7 +1,7 @@
 """Command line: replay one seed, or soak many seeds of every scenario.
 
 .venv/bin/python -m tests.sim --scenario changelog_writer --seed 123456 [--trace]
-.venv/bin/python -m tests.sim --soak 1000 [--first 0] [--all] [--scenario NAME ...]
+.venv/bin/python -m tests.sim --soak 1000 [--first 0] [--scenario NAME ...]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 import traceback
 
 from tests.sim.runner import RunResult, repro, run_seed
-from tests.sim.scenarios import NEEDS_V2, SCENARIOS, Scenario, enabled
+from tests.sim.scenarios import SCENARIOS, Scenario
 
 
 def _replay(scenario: Scenario, seed: int, show_trace: bool, keep: bool) -> int:
@@ -50,16 +50,15 @@ def _soak(scenarios: list[Scenario], seeds: int, first: int, show: int) -> int:
             errors += result.errors
             if result.failure is not None:
                 failed.append(result)
-        tag = "  (NEEDS_V2)" if scenario.name in NEEDS_V2 else ""
         print(
             f"{scenario.name:36s} {seeds:6d} {steps:7d} {crashes:8d} {errors:7d} "
-            f"{len(failed):9d} {time.monotonic() - started:6.1f}s{tag}",
+            f"{len(failed):9d} {time.monotonic() - started:6.1f}s",
             flush=True,
         )
         for result in failed[:show]:
             first_line = str(result.failure).splitlines()[0][:300]
             print(f"    {repro(scenario.name, result.seed)}   # {first_line}")
-        if failed and scenario.name not in NEEDS_V2:
+        if failed:
             worst = 1
     return worst
 
@@ -76,7 +75,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the run's folder")
     parser.add_argument("--soak", type=int, metavar="N", help="run N seeds of each scenario")
     parser.add_argument("--first", type=int, help="first soak seed (default: random)")
-    parser.add_argument("--all", action="store_true", help="soak the NEEDS_V2 scenarios too")
     parser.add_argument("--show", type=int, default=3, help="failing seeds shown per scenario")
     parser.add_argument("--log", default="CRITICAL", help="statekeeper log level")
     args = parser.parse_args(argv)
@@ -91,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario:
         scenarios = [SCENARIOS[name] for name in args.scenario]
     else:
-        scenarios = list(SCENARIOS.values()) if args.all else enabled()
+        scenarios = list(SCENARIOS.values())
     first = args.first if args.first is not None else random.randrange(10**6) * 1000
     return _soak(scenarios, args.soak, first, args.show)
 

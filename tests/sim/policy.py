@@ -27,6 +27,7 @@ __all__ = [
     "Attempt",
     "Order",
     "allowed_commit_outcomes",
+    "commit",
     "may_replace",
     "open_for_write",
 ]
@@ -69,25 +70,30 @@ def render(state: State) -> str:
     return "{" + ", ".join(f"{k.decode()}: {v.decode()}" for k, v in sorted(state)) + "}"
 
 
-EMPTY_STORE_KEPT = False
+EMPTY_STORE_KEPT = True
 """Whether version 0 (the empty store) stays restorable while it is retained.
 
 Format 1 lists it only while changelog 1 exists: once version 1 is a snapshot (snapshot
 mode), ``open(version=0)`` fails and batch 0 cannot be re-run. Scenarios take this default;
-``snapshot_rerun_batch0`` (NEEDS_V2) asks for it. The redesign sets it to True.
+``snapshot_rerun_batch0`` asks for it. Format 2 keeps it (True).
 """
 
 
 def open_for_write(
     backend: sk.StateBackend, operator: str, partition: int, version: int | None, order: Order
 ) -> sk.StateStore:
-    """Open a store for a batch, as an attempt of ``order``.
-
-    Format 1: there are no attempt orders, ``order`` is dropped. Format 2: pass it, e.g.
-    ``backend.open(operator, partition, version, attempt=order)`` (whatever the API becomes).
-    """
+    """Open a store for a batch, as an attempt of ``order`` (format 2 takes the order at
+    commit: see :func:`commit`)."""
     del order
     return backend.open(operator, partition, version)
+
+
+def commit(store: sk.StateStore, order: Order) -> sk.CommitInfo:
+    """Commit as an attempt of ``order``: the simulation's ``(generation, stage attempt, task
+    attempt)`` is format 2's ``(generation, stage id, stage attempt, task attempt)`` with one
+    stage."""
+    generation, stage_attempt, task_attempt = order
+    return store.commit(order=(generation, 0, stage_attempt, task_attempt))
 
 
 def may_replace(new: Attempt, holder: Attempt) -> bool:

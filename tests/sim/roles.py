@@ -11,6 +11,7 @@ import contextlib
 import shutil
 
 import statekeeper as sk
+from tests.sim import policy
 from tests.sim.actors import OP, PARTITION, Actor, World
 from tests.sim.model import InvariantViolation
 from tests.sim.policy import Attempt, Order, State
@@ -127,7 +128,7 @@ class Writer(Actor):
         """Commit, retrying after a storage error in changelog mode; True if acknowledged."""
         while True:
             try:
-                info = store.commit()
+                info = policy.commit(store, attempt.order)
             except sk.CommitConflictError:
                 self.inflight = []
                 self.model.end(attempt, "conflict")
@@ -161,7 +162,7 @@ class Writer(Actor):
         self.sim.note(f"zombie commit {store.version + 1}")
         attempt = self._apply(store, state, order, self._writes(), f"{self.name}-zombie")
         try:
-            store.commit()
+            policy.commit(store, order)
         except sk.CommitConflictError:
             self.model.end(attempt, "conflict")
         except sk.StorageError:

