@@ -168,7 +168,7 @@ def test_partition_count_is_recorded_and_checked(backend: sk.StateBackend, tmp_p
         backend.open("op", partition=4)
     backend.open("op", partition=3).close()  # no count given: the recorded one applies
     doc = json.loads((tmp_path / "root" / layout.ROOT_METADATA).read_text())
-    assert doc["operators"] == {"op": {"partitions": 4, "generation": 0}}
+    assert doc["operators"] == {"op": {"partitions": 4, "generation": 0, "keyGroups": 4096}}
     assert doc["formatVersion"] == 2
 
 

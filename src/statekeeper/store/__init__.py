@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from statekeeper.store._backend import StateBackend
 from statekeeper.store._export import ExportInfo
-from statekeeper.store._root import RootMetadata
+from statekeeper.store._root import DEFAULT_KEY_GROUPS, Retention, RootMetadata
 from statekeeper.store._state_store import CommitInfo, RestoreInfo, StateStore
 
-__all__ = ["CommitInfo", "ExportInfo", "RestoreInfo", "RootMetadata", "StateBackend", "StateStore"]
+__all__ = [
+    "DEFAULT_KEY_GROUPS",
+    "CommitInfo",
+    "ExportInfo",
+    "RestoreInfo",
+    "Retention",
+    "RootMetadata",
+    "StateBackend",
+    "StateStore",
+]

@@ -21,7 +21,7 @@ from statekeeper.snapshot import SnapshotMetrics
 from statekeeper.storage import BlobStore, open_blob_store
 from statekeeper.store._export import ExportInfo, prepare_target, publish, staging_dir, write_db
 from statekeeper.store._restore import restore_copy
-from statekeeper.store._root import FORMAT_VERSION, RootMetadata, RootRegistry
+from statekeeper.store._root import FORMAT_VERSION, Retention, RootMetadata, RootRegistry
 from statekeeper.store._snapshots import Snapshotter, remove_stale_checkpoints
 from statekeeper.store._state_store import StateStore
 from statekeeper.store._working_copy import WorkingCopy
@@ -181,13 +181,16 @@ class StateBackend:
         compare-and-swap and return it. Commits of this run use it as the first number of
         their order (``StateStore.commit(order=(generation, ...))``), so they replace what an
         earlier run left half done, and an earlier run's tasks still alive are refused.
+        The root also records this backend's ``retain_versions`` and ``orphan_ttl_s`` as
+        the retention ``statekeeper gc`` applies by default.
 
         Raises:
             TypeError, ValueError: a malformed name.
             StorageError: the root cannot be read or written.
         """
         layout.validate_operator(name)
-        return self._registry.start_generation(name)
+        retention = Retention(self._config.retain_versions, self._config.orphan_ttl_s)
+        return self._registry.start_generation(name, retention)
 
     def operators(self) -> dict[str, int | None]:
         """Operator name -> partition count (``None`` if never stated), as the root records.

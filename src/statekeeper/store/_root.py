@@ -1,5 +1,5 @@
-"""Root metadata: ``_statekeeper.json`` records the format version, the operators and their
-run generations.
+"""Root metadata: ``_statekeeper.json`` records the format version, the operators (partition
+count, run generation, key groups) and the retention GC applies by default.
 
 The document is created create-only and updated only by compare-and-swap on its etag, so two
 processes registering operators at the same time cannot lose each other's entries, and two
@@ -31,11 +31,21 @@ from statekeeper.errors import (
 )
 from statekeeper.storage import BlobStore
 
-__all__ = ["FORMAT_VERSION", "RootMetadata", "RootRegistry"]
+__all__ = ["DEFAULT_KEY_GROUPS", "FORMAT_VERSION", "Retention", "RootMetadata", "RootRegistry"]
 
 FORMAT_VERSION = 2
+DEFAULT_KEY_GROUPS = 4096
+"""Key groups of an operator created by format 2: the unit a later rescale moves."""
 _FORMAT_NAME = "statekeeper"
 _CAS_ATTEMPTS = 20
+
+
+@dataclass(frozen=True)
+class Retention:
+    """The retention GC applies to a root unless told otherwise, as the root records it."""
+
+    retain_versions: int
+    orphan_ttl_s: float
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,14 @@ class RootMetadata:
     generations: dict[str, int] = field(default_factory=dict)
     """Operator name -> run generation, bumped each time a query (re)starts on it: the first
     number of an attempt's order (:data:`statekeeper.manifest.Order`)."""
+    key_groups: dict[str, int] = field(default_factory=dict)
+    """Operator name -> number of key groups. Every operator a format-2 library creates has
+    them (:data:`DEFAULT_KEY_GROUPS`): every key the keyed layer writes starts with its key
+    group, and partition ``p`` of ``P`` owns the contiguous key groups ``g`` with
+    ``g * P // key_groups == p``, so a rescale can move whole ranges. Operators created by
+    statekeeper 0.1 have none (their keys carry no key group)."""
+    retention: Retention | None = None
+    """What ``statekeeper gc`` applies by default (recorded by the last run that started)."""
 
     def to_json(self) -> bytes:
         """Serialize to the on-storage document."""
@@ -58,14 +76,45 @@ class RootMetadata:
             "formatVersion": self.format_version,
             "rootId": self.root_id,
             "createdTimeMs": self.created_time_ms,
-            "operators": {
-                name: {"partitions": parts, "generation": self.generations.get(name, 0)}
-                for name, parts in sorted(self.operators.items())
-            },
+            "operators": {name: self._operator_json(name) for name in sorted(self.operators)},
         }
+        if self.retention is not None:
+            doc["retention"] = {
+                "retainVersions": self.retention.retain_versions,
+                "orphanTtlS": self.retention.orphan_ttl_s,
+            }
         if self.format_version >= 2:
             doc["crc32c"] = google_crc32c.value(_canonical(doc))
         return json.dumps(doc, indent=2, sort_keys=True).encode("utf-8") + b"\n"
+
+    def _operator_json(self, name: str) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "partitions": self.operators[name],
+            "generation": self.generations.get(name, 0),
+        }
+        if name in self.key_groups:
+            entry["keyGroups"] = self.key_groups[name]
+        return entry
+
+    def with_operator(self, name: str, partitions: int | None) -> RootMetadata:
+        """This metadata with operator ``name`` recorded (``partitions`` if given); a new
+        operator gets :data:`DEFAULT_KEY_GROUPS` key groups.
+
+        Raises:
+            ConfigMismatchError: more partitions than the operator has key groups.
+        """
+        operators = dict(self.operators)
+        key_groups = dict(self.key_groups)
+        if name not in operators:
+            key_groups[name] = DEFAULT_KEY_GROUPS
+        operators[name] = partitions if partitions is not None else operators.get(name)
+        groups = key_groups.get(name)
+        if partitions is not None and groups is not None and partitions > groups:
+            raise ConfigMismatchError(
+                f"operator {name!r} has {groups} key groups, so at most {groups} partitions; "
+                f"{partitions} were asked for"
+            )
+        return dataclasses.replace(self, operators=operators, key_groups=key_groups)
 
     @classmethod
     def from_json(cls, data: bytes, *, blob: str) -> RootMetadata:
@@ -108,9 +157,24 @@ class RootMetadata:
                 str(name): int(entry.get("generation", 0))
                 for name, entry in doc["operators"].items()
             }
-            return cls(
-                version, str(doc["rootId"]), int(doc["createdTimeMs"]), operators, generations
+            key_groups = {
+                str(name): _positive("keyGroups", entry["keyGroups"])
+                for name, entry in doc["operators"].items()
+                if "keyGroups" in entry
+            }
+            kept = doc.get("retention")
+            retention = (
+                None
+                if kept is None
+                else Retention(
+                    _positive("retainVersions", kept["retainVersions"]),
+                    float(kept["orphanTtlS"]),
+                )
             )
+            return cls(
+                version, str(doc["rootId"]), int(doc["createdTimeMs"]), operators,
+                generations, key_groups, retention,
+            )  # fmt: skip
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptStateError(
                 f"root metadata {blob} is not valid: expected rootId, createdTimeMs and "
@@ -120,6 +184,12 @@ class RootMetadata:
 
 def _canonical(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise ValueError(f"{name} is {value!r}")
 
 
 def _partitions(value: Any) -> int | None:
@@ -169,11 +239,31 @@ class RootRegistry:
         def change(current: RootMetadata) -> RootMetadata | None:
             if _satisfied(current, operator, partitions):
                 return None
-            operators = dict(current.operators)
-            operators[operator] = partitions if partitions is not None else operators.get(operator)
-            return dataclasses.replace(current, operators=operators)
+            if operator in current.operators and partitions is not None:
+                self._check_in_use(operator, partitions)
+            return current.with_operator(operator, partitions)
 
         return self._update(change)
+
+    def _check_in_use(self, operator: str, partitions: int) -> None:
+        """Refuse to record ``partitions`` for an operator that already has stores beyond it
+        (they were committed while its count was unset, and could never be opened again).
+
+        Raises:
+            ConfigMismatchError: a partition ``>= partitions`` holds blobs.
+        """
+        in_use = {
+            store[1]
+            for meta in self._blobs.list(layout.operator_prefix(operator))
+            if (store := layout.parse_store_key(meta.key)) is not None and store[0] == operator
+        }
+        beyond = sorted(p for p in in_use if p >= partitions)
+        if beyond:
+            raise ConfigMismatchError(
+                f"operator {operator!r} cannot have {partitions} partitions in this checkpoint "
+                f"root: partitions {beyond} already hold state (recorded while its partition "
+                f"count was unset); ask for at least {beyond[-1] + 1} partitions"
+            )
 
     def upgrade(self) -> RootMetadata:
         """Record format version 2 in a format-1 root (idempotent): from then on a 0.1
@@ -193,8 +283,9 @@ class RootRegistry:
 
         return self._update(change)
 
-    def start_generation(self, operator: str) -> int:
-        """Bump ``operator``'s run generation by compare-and-swap and return the new one.
+    def start_generation(self, operator: str, retention: Retention | None = None) -> int:
+        """Bump ``operator``'s run generation by compare-and-swap and return the new one;
+        record ``retention`` as the root's default if given.
 
         Raises:
             StorageError: the root cannot be read or written.
@@ -205,11 +296,10 @@ class RootRegistry:
             generations = dict(current.generations)
             generations[operator] = generations.get(operator, 0) + 1
             bumped[:] = [generations[operator]]
-            operators = dict(current.operators)
-            operators.setdefault(operator, None)
             return dataclasses.replace(
-                current, format_version=FORMAT_VERSION, operators=operators,
+                current.with_operator(operator, None), format_version=FORMAT_VERSION,
                 generations=generations,
+                retention=retention if retention is not None else current.retention,
             )  # fmt: skip
 
         self._update(change)

@@ -1,0 +1,88 @@
+"""Root metadata: key groups of new operators, recorded retention, partition counts in use."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import statekeeper as sk
+from statekeeper import layout
+from statekeeper.storage import LocalBlobStore
+
+
+def _backend(tmp_path: Path, **config: object) -> sk.StateBackend:
+    options = sk.StoreConfig(local_dir=str(tmp_path / "local"), **config)  # type: ignore[arg-type]
+    return sk.StateBackend(str(tmp_path / "root"), config=options)
+
+
+def _root_doc(tmp_path: Path) -> dict[str, object]:
+    doc = json.loads((tmp_path / "root" / layout.ROOT_METADATA).read_text())
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_a_new_operator_gets_4096_key_groups_recorded_in_the_root(tmp_path: Path) -> None:
+    with _backend(tmp_path) as backend:
+        backend.register("sessions", 8)
+        meta = backend.root_metadata()
+    assert meta is not None
+    assert meta.key_groups == {"sessions": 4096}
+    operators = _root_doc(tmp_path)["operators"]
+    assert isinstance(operators, dict)
+    assert operators["sessions"]["keyGroups"] == 4096
+
+
+def test_an_operator_of_a_0_1_root_stays_without_key_groups(tmp_path: Path) -> None:
+    """Its keys carry no key group: recording some later would misread every key."""
+    with _backend(tmp_path) as backend:
+        backend.register("old", 2)
+    doc = _root_doc(tmp_path)
+    del doc["crc32c"]
+    doc["formatVersion"] = 1
+    del doc["operators"]["old"]["keyGroups"]  # type: ignore[index]
+    (tmp_path / "root" / layout.ROOT_METADATA).write_text(json.dumps(doc))
+    with _backend(tmp_path) as backend:
+        backend.register("old", 2)
+        backend.start_generation("old")
+        backend.register("new", 2)
+        meta = backend.root_metadata()
+    assert meta is not None
+    assert meta.key_groups == {"new": 4096}
+    assert meta.format_version == 2
+
+
+def test_more_partitions_than_key_groups_are_refused(tmp_path: Path) -> None:
+    with _backend(tmp_path) as backend:
+        with pytest.raises(sk.ConfigMismatchError, match="4096 key groups, so at most 4096"):
+            backend.register("wide", 4097)
+        assert backend.operators() == {}
+
+
+def test_a_run_records_its_retention_as_the_roots_default(tmp_path: Path) -> None:
+    with _backend(tmp_path, retain_versions=7, orphan_ttl_s=1800.0) as backend:
+        assert backend.root_metadata() is None
+        backend.start_generation("sessions")
+        meta = backend.root_metadata()
+    assert meta is not None
+    assert meta.retention == sk.Retention(7, 1800.0)
+    assert _root_doc(tmp_path)["retention"] == {"retainVersions": 7, "orphanTtlS": 1800.0}
+    # A root with retention recorded reads back through a fresh registry, checksum included.
+    with sk.StateBackend(LocalBlobStore(str(tmp_path / "root"))) as fresh:
+        again = fresh.root_metadata()
+    assert again == meta
+
+
+def test_a_partition_count_below_a_partition_in_use_is_refused(tmp_path: Path) -> None:
+    """Partition 7 committed while the count was unset; ``partitions=2`` would orphan it."""
+    with _backend(tmp_path) as backend:
+        with backend.open("sessions", 7) as store:
+            store.put(b"k", b"v")
+            store.commit()
+        with pytest.raises(sk.ConfigMismatchError, match=r"partitions \[7\] already hold"):
+            backend.open("sessions", 0, partitions=2)
+        assert backend.operators() == {"sessions": None}
+        with backend.open("sessions", 7, partitions=8) as store:
+            assert store.get(b"k") == b"v"
+        assert backend.operators() == {"sessions": 8}
