@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import rocksdict
 
+import statekeeper as sk
 from statekeeper import StateBackend, layout
 from statekeeper.history import StoreHistory
 from statekeeper.snapshot import load_index, referenced_blob_ids
@@ -203,3 +204,24 @@ def test_gc_bad_options_are_usage_errors(local: Built) -> None:
     result = run("gc", local.uri, "--retain-versions", "0")
     assert result.exit_code == 2
     assert "--retain-versions" in one_error_line(result)
+
+
+@needs_gc
+def test_gc_applies_the_retention_the_root_records_by_default(local: Built, tmp_path: Path) -> None:
+    """The pipeline's run recorded retain_versions=2: a bare ``gc`` keeps exactly that."""
+    with local.backend(tmp_path / "run") as backend:
+        backend.start_generation("counts")
+    doc = json.loads(run("gc", local.uri, "--json").stdout)
+    assert (doc["retain_versions"], doc["orphan_ttl_s"]) == (100, 7 * 24 * 3600.0)
+    assert doc["deleted_blobs"] == 0
+    recorded = sk.StoreConfig(local_dir=str(tmp_path / "l2"), retain_versions=2, orphan_ttl_s=0)
+    with sk.StateBackend(local.uri, config=recorded) as backend:
+        backend.start_generation("counts")
+    doc = json.loads(run("gc", local.uri, "--json").stdout)
+    assert (doc["retain_versions"], doc["orphan_ttl_s"]) == (2, 0.0)
+    assert doc["deleted_blobs"] > 0
+    versions = json.loads(run("versions", local.uri, "counts", "-p", "0", "--json").stdout)
+    assert [v["version"] for v in versions["partitions"][0]["versions"]] == [6, 7]
+    # An option given on the command line wins over the recorded one.
+    doc = json.loads(run("gc", local.uri, "--retain-versions", "50", "--json").stdout)
+    assert doc["retain_versions"] == 50

@@ -90,18 +90,19 @@ def _print_verify(console: Console, doc: dict[str, Any]) -> None:
 @click.option(
     "--retain-versions",
     type=click.IntRange(min=1),
-    default=_DEFAULTS.retain_versions,
-    show_default=True,
+    default=None,
     help="Keep this many of the newest versions of every store restorable "
-    "(use the pipeline's StoreConfig.retain_versions).",
+    "[default: what the root records of the pipeline's StoreConfig, else "
+    f"{_DEFAULTS.retain_versions}].",
 )
 @click.option(
     "--orphan-ttl",
     type=click.FloatRange(min=0),
-    default=_DEFAULTS.orphan_ttl_s,
-    show_default=True,
+    default=None,
     metavar="SECONDS",
-    help="Delete blobs no version references only once older than this.",
+    help="Delete blobs no version references only once older than this "
+    "[default: what the root records of the pipeline's StoreConfig, else "
+    f"{_DEFAULTS.orphan_ttl_s:.0f}].",
 )
 @click.option("--list", "list_keys", is_flag=True, help="Also list every deleted key.")
 @output_options
@@ -111,16 +112,24 @@ def gc(
     root: str,
     storage_options: dict[str, str],
     dry_run: bool,
-    retain_versions: int,
-    orphan_ttl: float,
+    retain_versions: int | None,
+    orphan_ttl: float | None,
     list_keys: bool,
 ) -> None:
     """Delete what no retained version of any store in ROOT needs (see --dry-run).
 
     Every version among the newest --retain-versions of each store stays restorable; blobs
-    that no committed version references are deleted once older than --orphan-ttl.
+    that no committed version references are deleted once older than --orphan-ttl. Both
+    default to the retention the root records (the pipeline's last run).
     """
     env = env_of(ctx)
+    recorded = open_root(ctx, root, storage_options).meta.retention
+    if retain_versions is None:
+        retain_versions = (
+            _DEFAULTS.retain_versions if recorded is None else recorded.retain_versions
+        )
+    if orphan_ttl is None:
+        orphan_ttl = _DEFAULTS.orphan_ttl_s if recorded is None else recorded.orphan_ttl_s
     opened = open_root(
         ctx, root, storage_options, retain_versions=retain_versions, orphan_ttl_s=orphan_ttl
     )
