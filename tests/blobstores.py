@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable
 
 import statekeeper as sk
 from statekeeper.errors import StorageError, TransientStorageError
+from statekeeper.gc import MIN_ORPHAN_TTL_S, collect_garbage
 from statekeeper.history import StoreHistory
 from statekeeper.storage import BlobMeta, BlobStore
 from statekeeper.storage._parallel import ParallelTransfers
@@ -130,3 +132,16 @@ def store_history(backend: sk.StateBackend, operator: str, partition: int) -> St
     meta = backend.root_metadata()
     assert meta is not None
     return StoreHistory.load(backend.blobs, operator, partition, root_id=meta.root_id)
+
+
+def gc_later(backend: sk.StateBackend, seconds: float = MIN_ORPHAN_TTL_S + 1) -> sk.GcReport:
+    """A gc of ``backend``'s root run as if ``seconds`` had passed: every grace period
+    (``orphan_ttl_s``, at least :data:`MIN_ORPHAN_TTL_S`) of what is there now has ended."""
+    meta = backend.root_metadata()
+    return collect_garbage(
+        backend.blobs,
+        backend.config,
+        sorted(backend.operators()),
+        now=time.time() + seconds,
+        root_id="" if meta is None else meta.root_id,
+    )

@@ -11,7 +11,13 @@ import statekeeper as sk
 from statekeeper import layout
 from statekeeper.snapshot import SnapshotIndex, referenced_blob_ids
 from statekeeper.storage import BlobStore, LocalBlobStore
-from tests.blobstores import FaultyBlobStore, RecordingBlobStore, SimulatedCrash, store_history
+from tests.blobstores import (
+    FaultyBlobStore,
+    RecordingBlobStore,
+    SimulatedCrash,
+    gc_later,
+    store_history,
+)
 
 
 def _value(v: int, k: int) -> bytes:
@@ -101,7 +107,9 @@ def test_orphans_are_deleted_only_after_the_ttl(tmp_path: Path) -> None:
     assert orphan not in backend.gc().deleted_keys
     assert backend.blobs.head(orphan).size == 14
     expired = sk.StateBackend(root, config=_config(tmp_path, "b", orphan_ttl_s=0))
-    deleted = expired.gc().deleted_keys
+    # A TTL below what an upload may take is raised to the floor: the young orphan stays.
+    assert orphan not in expired.gc().deleted_keys
+    deleted = gc_later(expired).deleted_keys
     assert orphan in deleted
     # and manifests superseded for longer than the TTL, never the newest
     assert all(layout.parse_manifest_key(k) is not None for k in deleted if k != orphan)
@@ -228,3 +236,43 @@ def test_gc_sweeps_temporary_files_of_local_puts_that_died(tmp_path: Path) -> No
     assert keeper.gc().incomplete_writes == 1
     assert not leftover.exists()
     assert fresh.exists()
+
+
+class _HoldAfterChangelog(RecordingBlobStore):
+    """Holds a commit between writing its changelog and naming it in a manifest."""
+
+    def __init__(self, inner: BlobStore) -> None:
+        super().__init__(inner)
+        self.gate, self.written = threading.Event(), threading.Event()
+
+    def put(
+        self, key: str, data: bytes, *, overwrite: bool = False, if_match: str | None = None
+    ) -> None:
+        super().put(key, data, overwrite=overwrite, if_match=if_match)
+        if "/changelog/" in key and not self.written.is_set():
+            self.written.set()
+            assert self.gate.wait(timeout=60)
+
+
+def test_a_zero_orphan_ttl_never_sweeps_a_commit_being_named(tmp_path: Path) -> None:
+    """GC with ``orphan_ttl_s=0`` runs between a commit's changelog and its manifest: the
+    changelog nothing names yet is young, and the floor keeps it, so the version that the
+    manifest then names is restorable."""
+    root = str(tmp_path / "root")
+    _commit_many(sk.StateBackend(root, config=_config(tmp_path, "setup")), 3)
+    blobs = _HoldAfterChangelog(LocalBlobStore(root))
+    writer = sk.StateBackend(blobs, config=_config(tmp_path, "w"))
+    collector = sk.StateBackend(root, config=_config(tmp_path, "gc", orphan_ttl_s=0))
+    with writer.open("op", 0) as store:
+        store.put(b"late", b"value")
+        committing = threading.Thread(target=store.commit)
+        committing.start()
+        assert blobs.written.wait(timeout=60)
+        swept = collector.gc().deleted_keys
+        blobs.gate.set()
+        committing.join(timeout=60)
+    assert not any("/changelog/" in k for k in swept)
+    cold = sk.StateBackend(root, config=_config(tmp_path, "cold"))
+    with cold.open("op", 0) as store:
+        assert store.version == 4
+        assert store.get(b"late") == b"value"

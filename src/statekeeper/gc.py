@@ -35,10 +35,15 @@ listing suggests (a listing is not atomic: commits and snapshots land between it
   listed the manifests may still be reading it); the newest is never deleted;
 * everything else of the store (losing attempts, unregistered snapshots, format-1 blobs the
   authority no longer names) is deleted once older than ``orphan_ttl_s``.
+
+An ``orphan_ttl_s`` below :data:`MIN_ORPHAN_TTL_S` is raised to it, with a warning: a blob is
+written before a manifest names it, and a grace shorter than that window would sweep a
+commit's changelog just before the commit lands (a committed version with no blob).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -63,6 +68,11 @@ __all__ = ["GcReport", "StoreGc", "collect_garbage"]
 
 _log = logging.getLogger("statekeeper.gc")
 _MIN_TEMP_AGE_S = 3600.0
+_warned: set[float] = set()  # orphan_ttl_s values warned about (once per process each)
+MIN_ORPHAN_TTL_S = 300.0
+"""The least grace GC gives a blob nothing names yet: between writing a blob and naming it
+in a manifest, a commit takes a PUT or two and a snapshot its whole upload; a blob swept in
+that window would be named once deleted. A smaller ``orphan_ttl_s`` is raised to this."""
 _ADVANCE_TRIES = 5
 
 
@@ -138,6 +148,7 @@ def collect_garbage(
     """
     started = time.monotonic()
     now = time.time() if now is None else now
+    config = _clamped(config)
     report = GcReport(dry_run=dry_run)
     for operator in operators:
         for partition, metas in _store_blobs(blobs, operator, only).items():
@@ -174,6 +185,22 @@ def collect_garbage(
         report.duration_s,
     )
     return report
+
+
+def _clamped(config: StoreConfig) -> StoreConfig:
+    """``config`` with an ``orphan_ttl_s`` of at least :data:`MIN_ORPHAN_TTL_S` (warned)."""
+    if config.orphan_ttl_s >= MIN_ORPHAN_TTL_S:
+        return config
+    if config.orphan_ttl_s not in _warned:
+        _warned.add(config.orphan_ttl_s)
+        _log.warning(
+            "gc: orphan_ttl_s=%s is shorter than a commit or snapshot upload may take "
+            "between writing a blob and naming it; using %.0f s so no version is named "
+            "after its blob was swept",
+            config.orphan_ttl_s,
+            MIN_ORPHAN_TTL_S,
+        )
+    return dataclasses.replace(config, orphan_ttl_s=MIN_ORPHAN_TTL_S)
 
 
 def _store_blobs(

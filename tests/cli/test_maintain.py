@@ -147,7 +147,9 @@ def test_gc_dry_run_deletes_nothing_and_says_what_it_would(root: Built) -> None:
     assert doc["dry_run"] is True
     doomed = set(doc["deleted_keys"])
     assert {history.changelog_key(v) for v in range(1, 7)} <= doomed
-    assert history.index_key(3) in doomed
+    # Snapshot 3 stops being named by this run: an upload that read an older manifest may
+    # still reuse its files, so it waits out the grace (0 s is raised to the floor).
+    assert history.index_key(3) not in doomed
     assert history.index_key(6) not in doomed
     stores = {s["store"]: s for s in doc["stores"]}
     c0 = stores["counts/0"]

@@ -14,7 +14,7 @@ import statekeeper as sk
 from statekeeper import layout
 from statekeeper.snapshot import SnapshotIndex, referenced_blob_ids
 from statekeeper.storage import LocalBlobStore
-from tests.blobstores import FaultyBlobStore, RecordingBlobStore
+from tests.blobstores import FaultyBlobStore, RecordingBlobStore, gc_later
 
 RETAIN = 5
 
@@ -113,7 +113,7 @@ def check_invariants(root: Path, tmp: Path, last_ack: int) -> None:
     for version in (latest - RETAIN + 1, latest - 1):
         with fresh.open("op", 0, version=version) as store:
             assert dict(store.scan()) == expected(version)
-    fresh.gc()
+    gc_later(fresh)
     referenced: set[str] = set()
     for meta in fresh.blobs.list(layout.snapshot_prefix("op", 0)):
         index = SnapshotIndex.from_json(fresh.blobs.get(meta.key), blob=meta.key)
