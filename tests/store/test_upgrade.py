@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,3 +96,15 @@ def test_an_upgraded_root_survives_gc_and_keeps_its_retained_versions(
         with backend.open("counts", 0, version=7) as store:
             assert dict(store.scan()) == expected["counts"][7]
         assert backend.verify(deep=True).ok
+
+
+def test_the_fixture_is_what_0_1_0_writes(tmp_path: Path) -> None:
+    """The script regenerates the fixture with the 0.1.0 sources from git: same content."""
+    script = FIXTURES / "make_root_0_1.py"
+    subprocess.run([sys.executable, str(script), "--to", str(tmp_path)], check=True)
+    assert (tmp_path / "root-0.1.0.expected.json").read_text() == (
+        FIXTURES / "root-0.1.0.expected.json"
+    ).read_text()
+    assert _format(tmp_path / "root-0.1.0") == 1
+    kinds = {p.parent.name for p in (tmp_path / "root-0.1.0").rglob("*") if p.is_file()}
+    assert {"changelog", "snapshot", "files"} <= kinds
