@@ -6,11 +6,19 @@ state, then measures commits that each update 10,000 existing keys with new 100-
 sizes side by side:
 
 * ``commit_p50_ms`` / ``commit_p99_ms``: latency of ``StateStore.commit()``;
-* ``bytes_uploaded_per_commit`` against ``raw_bytes_per_commit`` (keys + values changed).
+* ``bytes_uploaded_per_commit`` against ``raw_bytes_per_commit`` (keys + values changed);
+* ``requests_per_commit``: blob-store calls made inside ``commit()``, by kind (a ``put_many``
+  of n blobs counts n PUTs).
+
+It runs twice, side by side: the working tree's commit protocol and statekeeper 0.1.0's (its
+sources taken from git history by ``release.py``, run in a subprocess), so what the format-2
+protocol adds to a commit is measured, not guessed. Background snapshots are off for the
+request counts. Local filesystem root, warm page cache.
 
 Targets (issue 2): p50 at 1M within 1.3x of p50 at 100k; bytes uploaded <= 1.2x raw bytes.
 
-    .venv/bin/python benchmarks/commit.py [--sizes 100000 1000000] [--commits 40] [--out FILE]
+    .venv/bin/python benchmarks/commit.py [--sizes 100000 1000000] [--commits 40]
+        [--protocols current 0.1.0] [--out FILE]
 """
 
 from __future__ import annotations
@@ -21,11 +29,15 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from release import RELEASE_0_1, extract
 
 import statekeeper as sk
 
@@ -33,6 +45,36 @@ KEY_FMT = b"user:%012d"
 VALUE_SIZE = 100
 UPDATED_KEYS = 10_000
 LOAD_BATCH = 200_000
+COUNTED = {"put", "get", "get_range", "head", "list", "delete_many"}
+"""Blob-store calls counted one request each; ``put_many``/``get_many`` count per blob."""
+
+
+class CountingBlobStore:
+    """Delegates to a blob store and counts the requests made through it."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.calls: Counter[str] = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if name in COUNTED:
+            kind = name.upper()
+
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                self.calls[kind] += 1
+                return attr(*args, **kwargs)
+
+            return counted
+        if name in ("put_many", "get_many"):
+            kind = "PUT" if name == "put_many" else "GET"
+
+            def counted_many(items: Any, *args: Any, **kwargs: Any) -> Any:
+                self.calls[kind] += len(items)
+                return attr(items, *args, **kwargs)
+
+            return counted_many
+        return attr
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -50,18 +92,23 @@ def _load(store: sk.StateStore, size: int) -> None:
 
 def run_size(size: int, commits: int, workdir: Path, seed: int) -> dict[str, Any]:
     """Load ``size`` keys, then time ``commits`` commits of 10k updated keys each."""
-    config = sk.StoreConfig(local_dir=str(workdir / "local"))
+    config = sk.StoreConfig(local_dir=str(workdir / "local"), snapshot_every=1_000_000)
     rng = random.Random(seed)
-    backend = sk.StateBackend(str(workdir / "root"), config=config)
+    (workdir / "root").mkdir()
+    blobs = CountingBlobStore(sk.StateBackend(str(workdir / "root")).blobs)
+    backend = sk.StateBackend(blobs, config=config)  # type: ignore[arg-type]
     with backend, backend.open("bench", partition=0, partitions=1) as store:
         started = time.perf_counter()
         _load(store, size)
         load_s = time.perf_counter() - started
         latencies, uploaded, raw = [], [], []
+        requests: Counter[str] = Counter()
         for _ in range(commits):
             for i in rng.sample(range(size), UPDATED_KEYS):
                 store.put(KEY_FMT % i, os.urandom(VALUE_SIZE))
+            before = Counter(blobs.calls)
             info = store.commit()
+            requests += blobs.calls - before
             latencies.append(info.duration_s * 1000)
             uploaded.append(info.bytes_uploaded)
             raw.append(info.raw_bytes)
@@ -76,31 +123,68 @@ def run_size(size: int, commits: int, workdir: Path, seed: int) -> dict[str, Any
         "bytes_uploaded_per_commit": round(statistics.fmean(uploaded)),
         "raw_bytes_per_commit": round(statistics.fmean(raw)),
         "upload_to_raw_ratio": round(sum(uploaded) / sum(raw), 3),
+        "requests_per_commit": {k: round(n / commits, 2) for k, n in sorted(requests.items())},
     }
+
+
+def _run_protocol(protocol: str, sizes: list[int], commits: int) -> list[dict[str, Any]]:
+    """Results of every size with the working tree's library, or with a release's sources in
+    a subprocess."""
+    if protocol == "current":
+        results = []
+        for size in sizes:
+            with tempfile.TemporaryDirectory(prefix="sk-bench-commit-") as tmp:
+                results.append(run_size(size, commits, Path(tmp), seed=size))
+            print(f"done ({protocol}): {results[-1]}", file=sys.stderr)
+        return results
+    with tempfile.TemporaryDirectory(prefix="sk-bench-release-") as tmp:
+        src = extract(Path(tmp), {"0.1.0": RELEASE_0_1}[protocol])
+        here = str(Path(__file__).resolve().parent)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), here])}
+        argv = ["--sizes", *map(str, sizes), "--commits", str(commits), "--protocols", "current"]
+        out = subprocess.run(
+            [sys.executable, __file__, *argv, "--results-only"],
+            env=env, check=True, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+    results: list[dict[str, Any]] = json.loads(out.stdout)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--commits", type=int, default=40)
+    parser.add_argument(
+        "--protocols", nargs="+", default=["current", "0.1.0"], choices=["current", "0.1.0"]
+    )
+    parser.add_argument("--results-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
-    results = []
-    for size in args.sizes:
-        with tempfile.TemporaryDirectory(prefix="sk-bench-commit-") as tmp:
-            results.append(run_size(size, args.commits, Path(tmp), seed=size))
-        print(f"done: {results[-1]}", file=sys.stderr)
+    by_protocol = {p: _run_protocol(p, args.sizes, args.commits) for p in args.protocols}
+    if args.results_only:
+        print(json.dumps(by_protocol["current"]))
+        return 0
+    results = by_protocol[args.protocols[0]]
     small, large = results[0], results[-1]
     summary = {
         "benchmark": "commit",
         "date": time.strftime("%Y-%m-%d"),
+        "conditions": "local filesystem root, warm page cache, background snapshots off",
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
         },
+        "protocol": args.protocols[0],
         "results": results,
         "p50_ratio_largest_to_smallest": round(large["commit_p50_ms"] / small["commit_p50_ms"], 3),
+        "protocols": {
+            p: [
+                {k: r[k] for k in ("state_keys", "commit_p50_ms", "requests_per_commit")}
+                for r in rs
+            ]
+            for p, rs in by_protocol.items()
+        },
         "targets": {"p50_ratio_max": 1.3, "upload_to_raw_ratio_max": 1.2},
     }
     text = json.dumps(summary, indent=2)

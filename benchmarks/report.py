@@ -133,6 +133,30 @@ def commit_section(data: dict[str, Any]) -> list[str]:
         f"**{data['p50_ratio_largest_to_smallest']}** (target ≤ "
         f"{targets.get('p50_ratio_max', '-')}); upload / raw target ≤ "
         f"{targets.get('upload_to_raw_ratio_max', '-')}. Run {data['date']}.",
+        *_protocols(data.get("protocols", {})),
+    ]
+
+
+def _protocols(protocols: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The same commits under each commit protocol, side by side (one run)."""
+    if len(protocols) < 2:
+        return []
+    rows = [
+        [
+            name,
+            f"{r['state_keys']:,}",
+            r["commit_p50_ms"],
+            ", ".join(f"{n:g} {kind}" for kind, n in r["requests_per_commit"].items()),
+        ]
+        for name, results in protocols.items()
+        for r in results
+    ]
+    return [
+        "",
+        "Before and after the format-2 commit protocol (0.1.0 run from its sources in git, "
+        "same machine, same run; background snapshots off):",
+        "",
+        *_table(["protocol", "state keys", "p50 ms", "blob requests / commit"], rows),
     ]
 
 

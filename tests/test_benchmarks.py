@@ -108,6 +108,13 @@ def test_commit_and_restore_print_the_fields_the_report_reads(results: Path) -> 
         assert r["commit_p50_ms"] <= r["commit_p99_ms"]
         assert r["bytes_uploaded_per_commit"] > 0
         assert r["upload_to_raw_ratio"] > 0
+    # Both protocols ran side by side: 0.1.0 commits with one PUT (its changelog), format 2
+    # with two (the attempt's changelog, then the manifest naming it), and nothing else.
+    puts = {
+        protocol: [r["requests_per_commit"] for r in rows]
+        for protocol, rows in commit["protocols"].items()
+    }
+    assert puts == {"current": [{"PUT": 2.0}] * 2, "0.1.0": [{"PUT": 1.0}] * 2}
     restore = json.loads((results / "restore.json").read_text())
     assert set(restore["results"]) == {
         "local_current",
