@@ -15,7 +15,6 @@ from statekeeper.spark import (
     PartitionStore,
     StatefulProcessor,
     StatefulProcessorHandle,
-    encode_key,
 )
 
 
@@ -73,19 +72,21 @@ class WrongOutputType(StatefulProcessor):
 
 
 def arrow_count_sum(store: PartitionStore, batches: Iterator[Any]) -> Iterator[Any]:
-    """Vectorized running count and sum per ``k``: one multi_get and put_many per batch."""
+    """Vectorized running count and sum per ``k``: one multi_get per batch, one put_many.
+
+    Keys come from ``store.state_keys`` (prefixed with the row's key group when the operator
+    has key groups, as every key put must be)."""
     totals: dict[bytes, tuple[str, int, int]] = {}
     for batch in batches:
-        frame = batch.to_pandas()
-        grouped = frame.groupby("k", sort=False)["v"].agg(["count", "sum"])
-        keys = [encode_key((k,)) for k in grouped.index]
-        for key, old in zip(keys, store.multi_get(keys), strict=True):
-            if key not in totals:
-                n, s = (0, 0) if old is None else map(int, old.split(b","))
-                totals[key] = ("", n, s)
-        for key, k, n, s in zip(keys, grouped.index, grouped["count"], grouped["sum"], strict=True):
-            _, n0, s0 = totals[key]
-            totals[key] = (str(k), n0 + int(n), s0 + int(s))
+        keys = store.state_keys(batch, ["k"])
+        new = [key for key in dict.fromkeys(keys) if key not in totals]
+        for key, old in zip(new, store.multi_get(new), strict=True):
+            n, s = (0, 0) if old is None else map(int, old.split(b","))
+            totals[key] = ("", n, s)
+        names, values = batch.column("k").to_pylist(), batch.column("v").to_pylist()
+        for key, k, v in zip(keys, names, values, strict=True):
+            _, n, s = totals[key]
+            totals[key] = (k, n + 1, s + v)
     store.put_many((key, f"{n},{s}".encode()) for key, (_, n, s) in totals.items())
     if totals:
         rows = list(totals.values())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow as pa  # type: ignore[import-untyped]
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -25,3 +26,15 @@ def test_nulls_and_other_types_take_the_per_row_path() -> None:
     rows = [("a", 1), (None, 2), ("b\x00", -3)]
     assert encode_keys([names, counts]) == [encode_key(r) for r in rows]
     assert encode_keys([]) == []
+
+
+def test_key_groups_prefix_each_key_with_two_bytes() -> None:
+    names, groups = pa.array(["a", "b"]), pa.array([1, 4095], pa.int32())
+    assert encode_keys([names], groups) == [
+        b"\x00\x01" + encode_key(("a",)),
+        b"\x0f\xff" + encode_key(("b",)),
+    ]
+    with pytest.raises(ValueError, match="expected 2 key groups, one per key; got 1"):
+        encode_keys([names], [3])
+    with pytest.raises(ValueError, match="key groups must be ints from 0 to 65535"):
+        encode_keys([names], [1, None])

@@ -16,7 +16,12 @@ from pyspark.sql import functions as F
 
 from statekeeper import StateBackend, StateKeeperError, StoreConfig
 from statekeeper.spark import batch_metrics, read_state, transform_with_state
-from statekeeper.spark._partition import PART_COLUMN, peek_partition
+from statekeeper.spark._partition import (
+    KEY_GROUP_COLUMN,
+    PART_COLUMN,
+    Partitioning,
+    peek_partition,
+)
 from tests.spark.helpers import (
     OUTPUT_SCHEMA,
     batch_totals,
@@ -45,7 +50,8 @@ def _counts(spark: SparkSession, inp: Path, root: str, name: str, local: Path) -
 def test_coalesce_after_the_operator_keeps_exact_state(spark: SparkSession, tmp_path: Path) -> None:
     """Three keys over five partitions, coalesced to one output task: every partition
     commits every batch (the empty ones too), the state and sink equal a batch groupBy, and
-    each key's state sits in the partition Spark's own hash gives it."""
+    each key's state sits in the partition of its key group: ``pmod(hash(k), 4096)`` by
+    Spark's own hash, owned by partition ``kg * 5 div 4096``."""
     inp, root = tmp_path / "in", str(tmp_path / "state")
     write_files(inp, make_input(seed=7, files=FILES, rows=12, keys=3))
     out = _counts(spark, inp, root, "counts", tmp_path / "local").coalesce(1)
@@ -59,7 +65,7 @@ def test_coalesce_after_the_operator_keeps_exact_state(spark: SparkSession, tmp_
     spark_partition = {
         r["k"]: r["p"]
         for r in spark.createDataFrame([(k,) for k in expected], "k string")
-        .select("k", F.pmod(F.hash("k"), F.lit(PARTITIONS)).alias("p"))
+        .select("k", F.expr(f"(pmod(hash(k), 4096) * {PARTITIONS}) div 4096").alias("p"))
         .collect()
     }
     assert {r["k"]: r["partition"] for r in state.collect()} == spark_partition
@@ -92,8 +98,31 @@ def _batch(partitions: list[int]) -> pa.RecordBatch:
     )
 
 
+def test_a_task_refuses_key_groups_of_another_partition() -> None:
+    """With key groups, every row's key group must lie in one partition's range (4 of 16
+    key groups each over 4 partitions); the key-group column stays for the runner."""
+    layout = Partitioning(4, 16)
+
+    def batch(groups: list[int]) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pydict(
+            {"k": [f"k{g}" for g in groups], KEY_GROUP_COLUMN: pa.array(groups, pa.int32())}
+        )
+
+    partition, rest = peek_partition(iter([batch([]), batch([4, 7]), batch([5])]), layout)
+    assert partition == 1
+    assert [b.schema.names for b in rest] == [["k", KEY_GROUP_COLUMN]] * 3
+    with pytest.raises(StateKeeperError, match="partition 1 owns key groups 4 to 7"):
+        peek_partition(iter([batch([7, 8])]), layout)
+    with pytest.raises(StateKeeperError, match=r"expected key groups in \[0, 16\)"):
+        peek_partition(iter([batch([3, 16])]), layout)
+    _, rest = peek_partition(iter([batch([0]), batch([12])]), layout)
+    with pytest.raises(StateKeeperError, match="state partitions 0 and 3"):
+        list(rest)
+
+
 def test_a_task_refuses_rows_of_two_state_partitions() -> None:
-    """The per-batch check: rows of one task must all carry one state partition."""
+    """The per-batch check of a 0.1 operator: rows of one task must all carry one state
+    partition."""
     with pytest.raises(StateKeeperError, match="state partitions 1 to 2"):
         peek_partition(iter([_batch([1, 2])]))
     partition, rest = peek_partition(iter([_batch([]), _batch([3]), _batch([4])]))

@@ -11,9 +11,17 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from statekeeper import ConfigMismatchError, StateBackend, StoreConfig
+from statekeeper import ConfigMismatchError, StateBackend, StateKeeperError, StoreConfig
 from statekeeper.keyed._layout import META_KEY, OperatorRecord
-from statekeeper.spark import OutputSchemaError, StatefulProcessor, StatefulProcessorHandle
+from statekeeper.spark import (
+    OutputSchemaError,
+    PartitionStore,
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    encode_key,
+    encode_keys,
+)
+from statekeeper.spark._partition import KEY_GROUP_COLUMN
 from statekeeper.spark._runner import iter_groups, run_processor
 
 SCHEMA = pa.schema([("k", pa.string()), ("count", pa.int64())])
@@ -127,3 +135,46 @@ def test_output_errors_name_the_column(backend: StateBackend) -> None:
         ),
     ):
         _run(store, Wrong(), pa.table({"k": ["a"]}))
+
+
+def test_a_grouped_run_prefixes_state_keys_and_hides_the_key_group_column(
+    backend: StateBackend,
+) -> None:
+    """The processor never sees the key-group column; every state key starts with it."""
+    seen: list[list[str]] = []
+
+    class Columns(Counter):
+        def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+            seen.append(list(rows.columns))
+            yield from super().handle_input_rows(key, rows)
+
+    table = pa.table({"k": ["a", "b", "a"], "v": [1, 2, 3], KEY_GROUP_COLUMN: [5, 9, 5]})
+    with backend.open("op", 0) as store:
+        out = _run(store, Columns(), table, key_groups=4096)
+        assert pa.Table.from_batches(out).to_pylist() == [
+            {"k": "a", "count": 2},
+            {"k": "b", "count": 1},
+        ]
+        keys = [k for k, _ in store.scan() if k != META_KEY]
+    assert seen == [["k", "v"], ["k", "v"]]
+    data = [k for k in keys if k[:1] != b"\xff"]
+    assert sorted(k[:2] for k in data) == [b"\x00\x05", b"\x00\x09"]
+
+
+def test_the_vectorized_store_refuses_keys_outside_its_key_groups(
+    backend: StateBackend,
+) -> None:
+    """Partition 1 of 2 owns key groups 2048..4095: its keys must start with one of them."""
+    batch = pa.record_batch({"k": ["a", "b"], KEY_GROUP_COLUMN: pa.array([2048, 4095])})
+    with backend.open("op", 1) as store:
+        view = PartitionStore(store, batch_id=0, partition=1, key_groups=4096, partitions=2)
+        keys = view.state_keys(batch, ["k"])
+        assert keys == encode_keys([batch.column("k")], [2048, 4095])
+        view.put_many((k, b"1") for k in keys)
+        with pytest.raises(StateKeeperError, match="owns key groups 2048 to 4095"):
+            view.put(encode_key(("a",)), b"1")  # no key group
+        with pytest.raises(StateKeeperError, match="owns key groups 2048 to 4095"):
+            view.put(b"\x00\x01" + encode_key(("a",)), b"1")  # partition 0's
+        legacy = PartitionStore(store, batch_id=0, partition=1)
+        assert legacy.state_keys(batch, ["k"]) == encode_keys([batch.column("k")])
+        legacy.put(encode_key(("c",)), b"1")  # a 0.1 operator's keys are free

@@ -29,13 +29,21 @@ from statekeeper.keyed._entries import (
     read_operator_record,
 )
 from statekeeper.keyed._handles import ListState, MapState, StatefulProcessorHandle, ValueState
-from statekeeper.keyed._layout import OperatorRecord, StateDecl
+from statekeeper.keyed._layout import (
+    MAX_KEY_GROUPS,
+    OperatorRecord,
+    StateDecl,
+    group_prefix,
+    key_group_range,
+    partition_of_group,
+)
 from statekeeper.keyed._processor import StatefulProcessor, input_form
 from statekeeper.keyed._row_type import build_rows, row_class
 from statekeeper.keyed._tuples import decode_key, encode_element, encode_key
 from statekeeper.keyed._values import Codec, DefaultCodec, PickleCodec
 
 __all__ = [
+    "MAX_KEY_GROUPS",
     "Codec",
     "DefaultCodec",
     "ListState",
@@ -53,9 +61,12 @@ __all__ = [
     "decode_key",
     "encode_element",
     "encode_key",
+    "group_prefix",
     "input_form",
     "iter_state",
     "jsonable",
+    "key_group_range",
+    "partition_of_group",
     "read_operator_record",
     "row_class",
 ]

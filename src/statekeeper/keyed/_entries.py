@@ -23,6 +23,8 @@ from typing import Any
 from statekeeper.errors import CorruptStateError, StateKeeperError
 from statekeeper.keyed._layout import (
     DATA,
+    GROUPED_TTL_INDEX,
+    KEY_GROUP,
     LIST_ITEM,
     META_KEY,
     OperatorRecord,
@@ -69,6 +71,8 @@ class StateEntry:
         value: the decoded value, or an :class:`Undecoded`.
         expires_at_ms: the TTL expiry (ms since the epoch), ``None`` without TTL. Entries
             past it stay until a micro-batch of their partition removes them.
+        key_group: the key's key group; ``None`` in a store of an operator without key
+            groups (statekeeper 0.1).
     """
 
     key: tuple[Any, ...]
@@ -77,6 +81,7 @@ class StateEntry:
     entry: Any
     value: Any
     expires_at_ms: int | None
+    key_group: int | None = None
 
 
 def read_operator_record(store: StateStore) -> OperatorRecord | None:
@@ -97,6 +102,7 @@ class StateDecoder:
         """Decode entries of the states ``record`` names; see :func:`iter_state`."""
         self._record = record
         self._arity = len(record.keys)
+        self._grouped = record.key_groups is not None
         self._allow_pickle = allow_pickle
         self._list: bytes | None = None
         self._position = 0
@@ -112,11 +118,20 @@ class StateDecoder:
             CorruptStateError: the key or value does not follow the layout, or names a
                 state the record does not know.
         """
-        if not key.startswith(DATA):
+        group: int | None = None
+        start = len(DATA)
+        if self._grouped:
+            # <kg:u16> 0x01 ...; the record (0x00 "s...") and the TTL index (0xFF ...)
+            # never have 0x01 third, or lie above every key group.
+            if key[2:3] != DATA or key[:1] == GROUPED_TTL_INDEX[:1]:
+                return None
+            group = KEY_GROUP.unpack_from(key)[0]
+            start += KEY_GROUP.size
+        elif not key.startswith(DATA):
             return None
         try:
-            state, pos = decode_element(key, len(DATA))
-            group, used = decode_key(key[pos:], self._arity)
+            state, pos = decode_element(key, start)
+            grouping, used = decode_key(key[pos:], self._arity)
         except ValueError as exc:
             raise CorruptStateError(f"state key 0x{key.hex()} is malformed: {exc}") from exc
         decl = self._record.states.get(state)
@@ -132,7 +147,7 @@ class StateDecoder:
             entry = decode_element(rest)[0]
         expiry, payload = unwrap(raw)
         value = self._value(payload, decl.codec)
-        return StateEntry(group, state, decl.kind, entry, value, expiry)
+        return StateEntry(grouping, state, decl.kind, entry, value, expiry, group)
 
     def _list_position(self, list_key: bytes) -> int:
         if list_key != self._list:
@@ -155,7 +170,8 @@ def iter_state(
 
     Args:
         store: an open store written by a keyed processor.
-        state: only the entries of this state (read by a prefix scan, not a filter).
+        state: only the entries of this state (a prefix scan without key groups; with key
+            groups, where every key group holds every state, a filter).
         allow_pickle: decode values of states declared with ``PickleCodec`` (runs code from
             the root: only for roots you trust); otherwise they are :class:`Undecoded`.
 
@@ -165,7 +181,7 @@ def iter_state(
         CorruptStateError: a record, key or value fails its checks.
         TypeError, ValueError: ``state`` is not a valid state name.
     """
-    prefix = DATA if state is None else state_prefix(validate_state_name(state))
+    name = None if state is None else validate_state_name(state)
     record = read_operator_record(store)
     if record is None:
         raise StateKeeperError(
@@ -173,9 +189,14 @@ def iter_state(
             "written by a keyed processor; read its raw items with store.scan()"
         )
     decoder = StateDecoder(record, allow_pickle=allow_pickle)
-    for key, raw in store.scan(prefix):
+    if record.key_groups is None:
+        prefix = DATA if name is None else state_prefix(name)
+        items = store.scan(prefix)
+    else:
+        items = store.scan()  # every key group holds entries of every state
+    for key, raw in items:
         entry = decoder.decode(key, raw)
-        if entry is not None:
+        if entry is not None and (name is None or entry.state == name):
             yield entry
 
 

@@ -1,6 +1,21 @@
 """How processor state is laid out inside one store (keys of the store, not blob keys).
 
-::
+An operator created by statekeeper 0.2 or later has **key groups** (``G``, recorded in the
+root, 4096 by default): every grouping key belongs to key group
+``pmod(hash(key columns), G)`` (Spark's Murmur3 ``hash``, computed by Spark in the plan and
+carried to the task with the rows, so no Python reimplementation is needed), and partition
+``p`` of ``P`` owns the contiguous key groups ``g`` with ``g * P // G == p``. Every data key
+then starts with its key group, 2 bytes big-endian, so a later rescale moves whole ranges of
+keys (an SST range filter, disjoint ingests) instead of rewriting them::
+
+    0x00 "statekeeper.spark"                          operator record (JSON), one per store
+    <kg:u16> 0x01 <state> <grouping key>              value state
+    <kg:u16> 0x01 <state> <grouping key> <map key>    map state entry
+    <kg:u16> 0x01 <state> <grouping key> 0x00         list state: next sequence number (u64)
+    <kg:u16> 0x01 <state> <grouping key> 0x01 <seq:u64>   list state element
+    0xFF 0x02 <state> <expiry ms:u64> <data key>      TTL index entry (empty value)
+
+Operators created by statekeeper 0.1 have no key groups and keep the original layout::
 
     0x00 "statekeeper.spark"                      operator record (JSON): key columns, states
     0x01 <state> <grouping key>                   value state
@@ -8,6 +23,22 @@
     0x01 <state> <grouping key> 0x00              list state: next sequence number (uint64)
     0x01 <state> <grouping key> 0x01 <seq:u64>    list state element
     0x02 <state> <expiry ms:u64> <data key>       TTL index entry (empty value)
+
+The operator record says which layout a store uses (``keyGroups``; record format version 2),
+so a reader decodes a store without the root.
+
+**The TTL index is not prefixed by key group**, on purpose. Expiry reads the index of a state
+as one sorted scan that stops at the first entry not yet due: its cost is what expires. Split
+per key group, it would cost ``G / P`` scans per state per micro-batch even when nothing
+expires. The index is derived data: every value with a TTL carries its expiry, and every
+index entry ends with the data key it covers, whose first two bytes are its key group. So a
+rescale moves the data by key-group ranges and rebuilds the index of each new store by one
+pass over the old index (keep the entries whose data key falls in the store's range) — work
+proportional to the entries with a TTL, never a rewrite of the data. The index lives under
+``0xFF``, above every key-group prefix (key groups are at most :data:`MAX_KEY_GROUPS`), so a
+key-group range never holds an index entry. The operator record's key also falls outside
+the data keys of every key group (its third byte is not ``0x01``); a rescale copies it per
+store and excludes it from range filters by name.
 
 ``<state>``, ``<grouping key>`` and ``<map key>`` use the tuple encoding of ``_tuples`` (self
 delimiting, so one key's prefix never matches another key). Every value written by a handle
@@ -28,19 +59,27 @@ from statekeeper.keyed._tuples import encode_element
 
 __all__ = [
     "DATA",
+    "GROUPED_TTL_INDEX",
+    "KEY_GROUP",
     "KINDS",
     "LIST_ITEM",
     "LIST_META",
+    "MAX_KEY_GROUPS",
     "META_KEY",
     "NO_TTL",
     "TTL_INDEX",
     "U64",
     "OperatorRecord",
     "StateDecl",
+    "check_key_groups",
     "check_keys",
+    "group_prefix",
+    "key_group_range",
+    "partition_of_group",
     "state_prefix",
     "ttl_prefix",
     "unwrap",
+    "validate_key_groups",
     "validate_state_name",
     "wrap",
 ]
@@ -51,12 +90,20 @@ TTL_INDEX = b"\x02"
 LIST_META = b"\x00"
 LIST_ITEM = b"\x01"
 U64 = struct.Struct(">Q")
+KEY_GROUP = struct.Struct(">H")
+"""A key group as the first two bytes of a data key."""
+GROUPED_TTL_INDEX = b"\xff" + TTL_INDEX
+"""The TTL index of a store with key groups: above every key-group prefix."""
+MAX_KEY_GROUPS = 0xFF00
+"""Key groups fit in two bytes whose first is below ``0xFF`` (the TTL index's area)."""
 
 NO_TTL = b"\x00"
 """The TTL byte of a value without expiry."""
 _WITH_TTL = 0x01
 _RECORD_FORMAT = "statekeeper.spark.operator"
-_RECORD_VERSION = 1
+_RECORD_VERSION = 2
+"""Version 2 records ``keyGroups``; a record without key groups is still written as 1, so a
+store of a 0.1 operator keeps the record 0.1 reads."""
 _STATE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 KINDS = ("value", "map", "list")
 
@@ -84,9 +131,46 @@ def state_prefix(name: str) -> bytes:
     return DATA + encode_element(name)
 
 
-def ttl_prefix(name: str) -> bytes:
-    """Prefix of the TTL index entries of state ``name``."""
-    return TTL_INDEX + encode_element(name)
+def ttl_prefix(name: str, *, grouped: bool = False) -> bytes:
+    """Prefix of the TTL index entries of state ``name`` (in a store with key groups if
+    ``grouped``)."""
+    return (GROUPED_TTL_INDEX if grouped else TTL_INDEX) + encode_element(name)
+
+
+def validate_key_groups(key_groups: object) -> int:
+    """Return ``key_groups`` if it is a valid number of key groups.
+
+    Raises:
+        ValueError: not an int in ``[1, MAX_KEY_GROUPS]``.
+    """
+    if (
+        isinstance(key_groups, bool)
+        or not isinstance(key_groups, int)
+        or not 1 <= key_groups <= MAX_KEY_GROUPS
+    ):
+        raise ValueError(
+            f"key groups must be an int from 1 to {MAX_KEY_GROUPS} (two bytes of every key), "
+            f"got {key_groups!r}"
+        )
+    return key_groups
+
+
+def group_prefix(key_group: int) -> bytes:
+    """The two bytes a data key of ``key_group`` starts with."""
+    return KEY_GROUP.pack(key_group)
+
+
+def partition_of_group(key_group: int, partitions: int, key_groups: int) -> int:
+    """The partition (of ``partitions``) that owns ``key_group`` (of ``key_groups``)."""
+    return key_group * partitions // key_groups
+
+
+def key_group_range(partition: int, partitions: int, key_groups: int) -> range:
+    """The contiguous key groups partition ``partition`` of ``partitions`` owns: those
+    ``g`` with ``g * partitions // key_groups == partition``."""
+    start = -(-partition * key_groups // partitions)
+    stop = -(-(partition + 1) * key_groups // partitions)
+    return range(start, stop)
 
 
 def wrap(payload: bytes, expiry_ms: int | None) -> bytes:
@@ -132,16 +216,21 @@ class OperatorRecord:
     key_schema: str | None
     """Spark JSON of the key columns' struct type, for typed inspection."""
     states: dict[str, StateDecl] = field(default_factory=dict)
+    key_groups: int | None = None
+    """The operator's key groups: every data key starts with its key group. ``None``: an
+    operator of statekeeper 0.1, whose keys carry none."""
 
     def to_bytes(self) -> bytes:
         """The stored JSON document."""
-        doc = {
+        doc: dict[str, Any] = {
             "format": _RECORD_FORMAT,
-            "formatVersion": _RECORD_VERSION,
+            "formatVersion": 1 if self.key_groups is None else _RECORD_VERSION,
             "keys": list(self.keys),
             "keySchema": self.key_schema,
             "states": {name: decl.to_json() for name, decl in sorted(self.states.items())},
         }
+        if self.key_groups is not None:
+            doc["keyGroups"] = self.key_groups
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
     @classmethod
@@ -166,7 +255,9 @@ class OperatorRecord:
                 str(name): StateDecl(str(s["kind"]), s["ttlMs"], str(s["codec"]))
                 for name, s in doc["states"].items()
             }
-            return cls(tuple(doc["keys"]), doc.get("keySchema"), states)
+            groups = doc.get("keyGroups")
+            groups = None if groups is None else validate_key_groups(groups)
+            return cls(tuple(doc["keys"]), doc.get("keySchema"), states, groups)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptStateError(f"the operator record is not valid: {exc}") from exc
 
@@ -185,7 +276,7 @@ class OperatorRecord:
                     f"processor now declares it a {decl.kind} state: use another state name"
                 )
             states[name] = decl
-        return OperatorRecord(self.keys, self.key_schema, states)
+        return OperatorRecord(self.keys, self.key_schema, states, self.key_groups)
 
 
 def check_keys(record: OperatorRecord, keys: tuple[str, ...], operator: str) -> None:
@@ -199,3 +290,24 @@ def check_keys(record: OperatorRecord, keys: tuple[str, ...], operator: str) -> 
             f"operator {operator!r} keeps state keyed by {list(record.keys)} in this checkpoint "
             f"root, but keys={list(keys)} were given: use the same keys, or another operator name"
         )
+
+
+def check_key_groups(
+    record: OperatorRecord, key_groups: int | None, operator: str, partition: int
+) -> None:
+    """Refuse to write a store in another key layout than the one it holds.
+
+    Raises:
+        ConfigMismatchError: the store's record and the root disagree on the key groups.
+    """
+    if record.key_groups != key_groups:
+        raise ConfigMismatchError(
+            f"operator {operator!r} partition {partition} holds keys laid out with "
+            f"{_show_groups(record.key_groups)}, but the checkpoint root records "
+            f"{_show_groups(key_groups)} for the operator: the store and the root do not "
+            "belong together"
+        )
+
+
+def _show_groups(key_groups: int | None) -> str:
+    return "no key groups (statekeeper 0.1)" if key_groups is None else f"{key_groups} key groups"

@@ -3,18 +3,21 @@
 It lives here, not in ``keyed``, because only the Spark layer holds Arrow data (``keyed``
 needs no pyarrow). It writes exactly what :func:`statekeeper.keyed.encode_key` writes, deriving
 each element's tag and terminator from :func:`statekeeper.keyed.encode_element`, so the
-format stays owned by ``keyed``; ``tests/spark/test_keys.py`` checks the two agree.
+format stays owned by ``keyed``; ``tests/spark/test_keys.py`` checks the two agree. Given
+the rows' key groups, it prefixes each key with :func:`statekeeper.keyed.group_prefix`, as
+the in-store layout of an operator with key groups wants.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-from statekeeper.keyed import encode_element, encode_key
+from statekeeper.keyed import encode_element, encode_key, group_prefix
 
 __all__ = ["encode_keys"]
 
@@ -24,16 +27,33 @@ _STR_TAG, _END = encode_element("")[:1], encode_element("")[1:]
 _BYTES_TAG = encode_element(b"")[:1]
 
 
-def encode_keys(columns: Sequence[Any]) -> list[bytes]:
+def encode_keys(columns: Sequence[Any], key_groups: Any | None = None) -> list[bytes]:
     """Encode many keys at once: ``columns`` are pyarrow arrays (or chunked arrays), one per
-    key column, of equal length; the result is ``encode_key`` of each row.
+    key column, of equal length; the result is ``encode_key`` of each row, prefixed with the
+    row's key group (two bytes big-endian) if ``key_groups`` (an integer array or sequence of
+    the same length, e.g. a batch's key-group column) is given.
 
     String and binary columns without nulls are encoded with Arrow kernels (no Python loop
     over rows); other columns fall back to :func:`encode_key` per row.
 
     Raises:
         TypeError: an element has a type keys cannot hold.
+        ValueError: ``key_groups`` has another length, or holds a null or an out-of-range
+            key group.
     """
+    keys = _encode_keys(columns)
+    if key_groups is None:
+        return keys
+    groups = key_groups.to_pylist() if hasattr(key_groups, "to_pylist") else list(key_groups)
+    if len(groups) != len(keys):
+        raise ValueError(f"expected {len(keys)} key groups, one per key; got {len(groups)}")
+    try:
+        return [group_prefix(g) + k for g, k in zip(groups, keys, strict=True)]
+    except (TypeError, struct.error) as exc:
+        raise ValueError(f"key groups must be ints from 0 to 65535: {exc}") from exc
+
+
+def _encode_keys(columns: Sequence[Any]) -> list[bytes]:
     if not columns:
         return []
     end = pa.scalar(_END, pa.large_binary())

@@ -1,48 +1,110 @@
 """A task's input: its state partition, read from the data and checked, and our columns.
 
-``_transform`` adds two columns after the shuffle: the state partition of each row
-(``pmod(hash(keys), partitions)``, Spark's own partitioning function) and the micro-batch
-timestamp. Every row of a task must carry the same partition; the columns are dropped before
-the processor or the vectorized function sees the input.
+``_transform`` tags every row with where its state lives. For an operator with key groups
+(every operator statekeeper 0.2 creates) that is the key group, ``pmod(hash(keys), G)``
+(Spark's Murmur3), computed before the shuffle that routes the row to partition
+``kg * P div G``; the key group travels with the row because the task prefixes its state
+keys with it. For an operator of statekeeper 0.1 it is ``pmod(hash(keys), P)``, Spark's own
+hash partitioning, computed after the shuffle. Every row of a task must belong to the same
+partition (its key group in that partition's range), or the task fails before it touches a
+store. The partition column and the batch timestamp are dropped before the processor or the
+vectorized function sees the input; the key group is dropped by the runner once it has read
+it (the vectorized function keeps it: it prefixes its own keys).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from statekeeper.errors import StateKeeperError
+from statekeeper.keyed import key_group_range, partition_of_group
 
-__all__ = ["PART_COLUMN", "TS_COLUMN", "collect", "peek_partition"]
+__all__ = [
+    "KEY_GROUP_COLUMN",
+    "PART_COLUMN",
+    "TS_COLUMN",
+    "Partitioning",
+    "collect",
+    "peek_partition",
+]
 
 TS_COLUMN = "__statekeeper_batch_ts"
 PART_COLUMN = "__statekeeper_partition"
+KEY_GROUP_COLUMN = "__statekeeper_key_group"
 _UNIT_MS = {"s": 1000.0, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
 
 
-def _batch_partition(batch: Any) -> int | None:
-    """The state partition of every row of an Arrow batch (``None`` if it has no rows).
+@dataclass(frozen=True)
+class Partitioning:
+    """How an operator's rows carry their state partition.
 
-    Raises:
-        StateKeeperError: rows of several partitions.
+    Attributes:
+        partitions: the operator's partition count.
+        key_groups: its key groups; ``None`` for an operator of statekeeper 0.1 (rows carry
+            their partition in :data:`PART_COLUMN`).
     """
-    if batch.num_rows == 0:
-        return None
-    bounds = pc.min_max(batch.column(PART_COLUMN))
-    low, high = bounds["min"].as_py(), bounds["max"].as_py()
-    if low != high:
-        raise StateKeeperError(
-            f"one task received rows of state partitions {low} to {high}: the input was not "
-            "partitioned by the keys as transform_with_state planned it"
-        )
-    return int(low)
+
+    partitions: int
+    key_groups: int | None = None
+
+    @property
+    def column(self) -> str:
+        """The column a task reads its partition from."""
+        return PART_COLUMN if self.key_groups is None else KEY_GROUP_COLUMN
+
+    @property
+    def dropped(self) -> list[str]:
+        """Our columns that no function sees (the key group is dropped later, if at all)."""
+        return [PART_COLUMN] if self.key_groups is None else []
+
+    def of_batch(self, batch: Any) -> int | None:
+        """The state partition of every row of an Arrow batch (``None`` if it has no rows).
+
+        Raises:
+            StateKeeperError: rows of several partitions, or a key group out of range.
+        """
+        if batch.num_rows == 0:
+            return None
+        bounds = pc.min_max(batch.column(self.column))
+        low, high = int(bounds["min"].as_py()), int(bounds["max"].as_py())
+        groups = self.key_groups
+        if groups is None:
+            if low != high:
+                raise StateKeeperError(
+                    f"one task received rows of state partitions {low} to {high}: the input "
+                    "was not partitioned by the keys as transform_with_state planned it"
+                )
+            return low
+        if low < 0 or high >= groups:
+            raise StateKeeperError(
+                f"one task received rows of key groups {low} to {high}; expected key groups "
+                f"in [0, {groups})"
+            )
+        first = partition_of_group(low, self.partitions, groups)
+        if partition_of_group(high, self.partitions, groups) != first:
+            owned = key_group_range(first, self.partitions, groups)
+            raise StateKeeperError(
+                f"one task received rows of key groups {low} to {high}, but state partition "
+                f"{first} owns key groups {owned.start} to {owned.stop - 1} (of {groups}, "
+                f"over {self.partitions} partitions): the input was not partitioned by key "
+                "group as transform_with_state planned it"
+            )
+        return first
 
 
-def collect(batches: Iterator[Any], ts_column: str) -> tuple[Any, int | None, int | None]:
-    """The partition's input as one table without our columns, the timestamp, the partition.
+_LEGACY = Partitioning(0)
+
+
+def collect(
+    batches: Iterator[Any], ts_column: str, partitioning: Partitioning = _LEGACY
+) -> tuple[Any, int | None, int | None]:
+    """The partition's input as one table without the timestamp and partition columns (the
+    key-group column stays), the timestamp, the partition.
 
     Raises:
         StateKeeperError: rows of several state partitions.
@@ -50,8 +112,9 @@ def collect(batches: Iterator[Any], ts_column: str) -> tuple[Any, int | None, in
     kept: list[Any] = []
     now_ms: int | None = None
     partition: int | None = None
+    dropped = [ts_column, *partitioning.dropped]
     for batch in batches:
-        found = _batch_partition(batch)
+        found = partitioning.of_batch(batch)
         if found is None:
             continue
         if partition is not None and found != partition:
@@ -63,14 +126,17 @@ def collect(batches: Iterator[Any], ts_column: str) -> tuple[Any, int | None, in
             column = batch.column(ts_column)
             raw = column.cast(pa.int64())[0].as_py()
             now_ms = round(raw * _UNIT_MS[column.type.unit])
-        kept.append(batch.drop_columns([ts_column, PART_COLUMN]))
+        kept.append(batch.drop_columns(dropped))
     if not kept:
         return pa.table({}), now_ms, partition
     return pa.Table.from_batches(kept), now_ms, partition
 
 
-def peek_partition(batches: Iterator[Any]) -> tuple[int | None, Iterator[Any]]:
-    """The state partition of a streamed input, and the input without our column.
+def peek_partition(
+    batches: Iterator[Any], partitioning: Partitioning = _LEGACY
+) -> tuple[int | None, Iterator[Any]]:
+    """The state partition of a streamed input, and the input without the partition column
+    (the key-group column stays).
 
     Only batches up to the first non-empty one are read ahead.
 
@@ -81,18 +147,19 @@ def peek_partition(batches: Iterator[Any]) -> tuple[int | None, Iterator[Any]]:
     partition: int | None = None
     for batch in batches:
         head.append(batch)
-        partition = _batch_partition(batch)
+        partition = partitioning.of_batch(batch)
         if partition is not None:
             break
+    dropped = partitioning.dropped
 
     def stripped() -> Iterator[Any]:
         for batch in _chain(head, batches):
-            found = _batch_partition(batch)
+            found = partitioning.of_batch(batch)
             if found is not None and found != partition:
                 raise StateKeeperError(
                     f"one task received rows of state partitions {partition} and {found}"
                 )
-            yield batch.drop_columns([PART_COLUMN])
+            yield batch.drop_columns(dropped) if dropped else batch
 
     return partition, stripped()
 

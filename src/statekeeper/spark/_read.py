@@ -34,6 +34,7 @@ _RAW_SCHEMA = T.StructType(
         T.StructField("partition", T.IntegerType(), False),
         T.StructField("key", T.BinaryType()),
         T.StructField("value", T.BinaryType()),
+        T.StructField("key_group", T.IntegerType()),
     ]
 )
 
@@ -53,7 +54,9 @@ def read_state(
     ``partition``, the key columns, ``state``, ``entry`` (the map key as JSON, or the list
     position; null for value state), ``value`` (JSON) and ``expires_at`` (null without TTL;
     entries past it are kept until a micro-batch of their partition cleans them). State
-    written by the vectorized form has columns ``partition``, ``key``, ``value`` (raw bytes).
+    written by the vectorized form has columns ``partition``, ``key``, ``value`` (raw bytes)
+    and ``key_group``: in an operator with key groups the key's first two bytes, which
+    ``key`` then goes without; null for an operator of statekeeper 0.1.
 
     Args:
         spark: the session to build the DataFrame in.
@@ -93,6 +96,8 @@ def _read_rows(
         )
     if version is None:
         version = min(_latest(backend, name, p) for p in range(count))
+    metadata = backend.root_metadata()
+    groups = None if metadata is None else metadata.key_groups.get(name)
     typed: list[tuple[Any, ...]] = []
     raw: list[tuple[Any, ...]] = []
     record: OperatorRecord | None = None
@@ -100,13 +105,21 @@ def _read_rows(
         with backend.open(name, p, version) as store:
             found = read_operator_record(store)
             if found is None:
-                raw.extend((p, k, v) for k, v in store.scan())
+                raw.extend(_raw_rows(store, p, grouped=groups is not None))
                 continue
             record = record or found
             typed.extend(_typed_rows(store, p, allow_pickle))
     if record is None:
         return raw, _RAW_SCHEMA
     return typed, _typed_schema(record)
+
+
+def _raw_rows(store: StateStore, partition: int, *, grouped: bool) -> Iterator[tuple[Any, ...]]:
+    for key, value in store.scan():
+        if grouped:
+            yield (partition, key[2:], value, int.from_bytes(key[:2], "big"))
+        else:
+            yield (partition, key, value, None)
 
 
 def _latest(backend: StateBackend, name: str, partition: int) -> int:

@@ -19,14 +19,17 @@ import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
+from statekeeper.errors import StateKeeperError
 from statekeeper.keyed import (
     StatefulProcessor,
     StatefulProcessorHandle,
     build_rows,
     input_form,
+    key_group_range,
 )
 from statekeeper.spark._keys import encode_keys
 from statekeeper.spark._output import OutputWriter, conform_batch
+from statekeeper.spark._partition import KEY_GROUP_COLUMN
 from statekeeper.store import StateStore
 
 __all__ = [
@@ -53,9 +56,9 @@ def iter_groups(table: Any, keys: Sequence[str]) -> Iterator[tuple[tuple[Any, ..
     """Split ``table`` into (key tuple, pandas DataFrame of that key's rows), in key order.
 
     Rows keep their arrival order within a key (the sort is stable). Nulls form their own
-    key, and so do NaNs, as in Spark's grouping.
+    key, and so do NaNs, as in Spark's grouping. A key-group column is dropped.
     """
-    grouped = _Grouped.of(table, keys)
+    grouped = _Grouped.of(table, keys, grouped=KEY_GROUP_COLUMN in table.column_names)
     if grouped is not None:
         yield from zip(grouped.keys, grouped.frames(), strict=True)
 
@@ -68,10 +71,14 @@ class _Grouped:
     starts: Any
     keys: list[tuple[Any, ...]]
     encoded: list[bytes]
+    groups: list[int] | None
+    """Each key's key group (``None``: the operator has none)."""
 
     @classmethod
-    def of(cls, table: Any, keys: Sequence[str]) -> _Grouped | None:
-        """Sort ``table`` by ``keys`` (stable); ``None`` if it has no rows."""
+    def of(cls, table: Any, keys: Sequence[str], *, grouped: bool = False) -> _Grouped | None:
+        """Sort ``table`` by ``keys`` (stable); ``None`` if it has no rows. With ``grouped``,
+        each key's key group is read from :data:`KEY_GROUP_COLUMN`, which is then dropped
+        (the processor never sees it)."""
         if table.num_rows == 0:
             return None
         # Nulls sort last by default; NaNs just before them.
@@ -79,9 +86,14 @@ class _Grouped:
         ordered = table.take(order)
         starts = _group_starts(ordered, keys)
         at = pa.array(starts)
+        groups = None
+        if grouped:
+            groups = ordered.column(KEY_GROUP_COLUMN).take(at).to_pylist()
+            ordered = ordered.drop_columns([KEY_GROUP_COLUMN])
         arrays = [ordered.column(k).take(at) for k in keys]
         columns = [array.to_pylist() for array in arrays]
-        return cls(ordered, starts, list(zip(*columns, strict=True)), encode_keys(arrays))
+        keyed = list(zip(*columns, strict=True))
+        return cls(ordered, starts, keyed, encode_keys(arrays), groups)
 
     def bounds(self) -> list[int]:
         """``bounds[i]:bounds[i + 1]`` are the rows of key ``i``."""
@@ -134,10 +146,13 @@ def run_processor(
     now_ms: int | None,
     key_schema: str | None = None,
     stats: RunStats | None = None,
+    key_groups: int | None = None,
 ) -> Iterator[Any]:
     """Run ``processor`` over one partition's input; yields checked output batches.
 
-    Writes go to ``store`` uncommitted; the caller commits after the last batch.
+    Writes go to ``store`` uncommitted; the caller commits after the last batch. With
+    ``key_groups`` (the operator's, as the root records them), ``table`` must hold each
+    row's key group in :data:`KEY_GROUP_COLUMN`, and every state key starts with it.
 
     Raises:
         OutputSchemaError: an output batch does not match ``output_schema``.
@@ -148,13 +163,15 @@ def run_processor(
     stats.rows_in += table.num_rows
     form = input_form(processor)
     where = f"operator {operator!r} partition {partition} micro-batch {batch_id}"
-    handle = StatefulProcessorHandle(store, now_ms=now_ms, batch_id=batch_id, partition=partition)
+    handle = StatefulProcessorHandle(
+        store, now_ms=now_ms, batch_id=batch_id, partition=partition, key_groups=key_groups
+    )
     processor.init(handle)
     handle.record_operator(keys, key_schema=key_schema, operator=operator)
     writer = OutputWriter(output_schema, where, frames=form == "pandas")
-    grouped = _Grouped.of(table, keys)
+    grouped = _Grouped.of(table, keys, grouped=key_groups is not None)
     if grouped is not None:
-        handle.visit_keys(grouped.encoded)
+        handle.visit_keys(grouped.encoded, grouped.groups)
         inputs = grouped.rows() if form == "row" else grouped.frames()
         select, handle_rows, extend = handle.select, processor.handle_input_rows, writer.extend
         for position, (key, rows) in enumerate(zip(grouped.keys, inputs, strict=True)):
@@ -175,11 +192,50 @@ class PartitionStore:
     left to statekeeper (after the function's last output batch).
     """
 
-    def __init__(self, store: StateStore, *, batch_id: int, partition: int) -> None:
-        """Wrap ``store`` for micro-batch ``batch_id``."""
+    def __init__(
+        self,
+        store: StateStore,
+        *,
+        batch_id: int,
+        partition: int,
+        key_groups: int | None = None,
+        partitions: int | None = None,
+    ) -> None:
+        """Wrap ``store`` for micro-batch ``batch_id``; ``key_groups`` (with
+        ``partitions``): the operator's key groups, which every key put must start with."""
         self._store = store
         self.batch_id = batch_id
         self.partition = partition
+        self.key_groups = key_groups
+        """The operator's key groups: every key put starts with its key group, two bytes
+        big-endian, one this partition owns. ``None`` for an operator of statekeeper 0.1,
+        whose keys are free."""
+        self._owned = (
+            None if key_groups is None else key_group_range(partition, partitions or 1, key_groups)
+        )
+
+    def state_keys(self, batch: Any, columns: Sequence[str]) -> list[bytes]:
+        """The store keys of a batch's rows: ``encode_key`` of ``columns``, each prefixed
+        with the row's key group (the batch's :data:`KEY_GROUP_COLUMN`) if the operator has
+        key groups. The way to build keys that :meth:`put` accepts.
+
+        Raises:
+            KeyError: a column is not in the batch.
+            TypeError: a key element has a type keys cannot hold.
+        """
+        arrays = [batch.column(c) for c in columns]
+        if self.key_groups is None:
+            return encode_keys(arrays)
+        return encode_keys(arrays, batch.column(KEY_GROUP_COLUMN))
+
+    def _check(self, key: bytes) -> None:
+        owned = self._owned
+        if owned is not None and int.from_bytes(key[:2], "big") not in owned:
+            raise StateKeeperError(
+                f"partition {self.partition} owns key groups {owned.start} to "
+                f"{owned.stop - 1}, and every key put must start with its key group (two "
+                f"bytes); got key 0x{key[:16].hex()}: build keys with store.state_keys(...)"
+            )
 
     def __repr__(self) -> str:
         return f"PartitionStore(partition={self.partition}, batch_id={self.batch_id})"
@@ -202,7 +258,13 @@ class PartitionStore:
         return self._store.scan(prefix)
 
     def put(self, key: bytes, value: bytes) -> None:
-        """As :meth:`StateStore.put`."""
+        """As :meth:`StateStore.put`.
+
+        Raises:
+            StateKeeperError: with key groups, ``key`` does not start with one this
+                partition owns.
+        """
+        self._check(key)
         self._store.put(key, value)
 
     def delete(self, key: bytes) -> None:
@@ -214,9 +276,12 @@ class PartitionStore:
 
         Raises:
             TypeError, ValueError: as :meth:`StateStore.put`.
+            StateKeeperError: with key groups, a key does not start with one this partition
+                owns.
         """
-        put = self._store.put
+        put, check = self._store.put, self._check
         for key, value in items:
+            check(key)
             put(key, value)
 
     def delete_many(self, keys: Iterable[bytes]) -> None:
@@ -240,10 +305,14 @@ def run_arrow(
     batch_id: int,
     partition: int,
     stats: RunStats | None = None,
+    key_groups: int | None = None,
+    partitions: int | None = None,
 ) -> Iterator[Any]:
     """Run a vectorized function over one partition; yields checked output batches.
 
-    Input the function leaves unread is drained (and counted) afterwards.
+    Input the function leaves unread is drained (and counted) afterwards. With
+    ``key_groups`` the batches carry :data:`KEY_GROUP_COLUMN` and the function's keys must
+    start with their key group (:meth:`PartitionStore.state_keys`).
 
     Raises:
         OutputSchemaError: an output batch does not match ``output_schema``.
@@ -258,7 +327,10 @@ def run_arrow(
             yield batch
 
     source = counted()
-    view = PartitionStore(store, batch_id=batch_id, partition=partition)
+    view = PartitionStore(
+        store, batch_id=batch_id, partition=partition, key_groups=key_groups,
+        partitions=partitions,
+    )  # fmt: skip
     for out in fn(view, source):
         batch = conform_batch(out, output_schema, where)
         stats.rows_out += batch.num_rows

@@ -1,12 +1,19 @@
 """``transform_with_state`` and its vectorized form: the driver-side checks and the tasks.
 
-The plan is ``df -> repartition(partitions, *keys) -> mapInArrow(task) -> repartitionById``:
+The plan is ``df -> key group -> repartitionById(partitions, kg * P div G) ->
+mapInArrow(task) -> repartitionById``:
 
-* Spark's hash partitioning (Murmur3 of the key columns, ``pmod`` ``partitions``) sends every
-  row of a key to the same reduce task in every micro-batch. After the shuffle, a column
-  ``pmod(hash(keys), partitions)`` (the same function, evaluated in the reduce stage, so it
-  costs no shuffle bytes) tells the task its **state partition from the data**; every row
-  must agree, or the task fails with an error instead of touching a wrong store.
+* Keys map to **key groups**, and key groups to partitions in contiguous ranges (the root
+  records ``G`` key groups per operator, :mod:`statekeeper.keyed._layout`): a column
+  ``pmod(hash(keys), G)`` (Spark's Murmur3, computed once, in the plan) is the key group;
+  ``repartitionById`` sends the row to partition ``kg * P div G``, the same in every
+  micro-batch. The key group travels with the row (4 bytes of shuffle) because the task
+  prefixes every state key with it, so that a later rescale moves whole key-group ranges.
+  The task learns its **state partition from the data**; every row's key group must lie in
+  that partition's range, or the task fails with an error instead of touching a wrong store.
+* An operator created by statekeeper 0.1 has no key groups: it keeps Spark's hash
+  partitioning (``repartition(P, *keys)``, then a column ``pmod(hash(keys), P)`` computed
+  after the shuffle) and keys without a prefix, so its state stays where it is.
 * An empty partition still runs its task and must still commit its store, but it has no row
   to learn its partition from, only ``TaskContext.partitionId()``. That is the shuffle
   partition only if no narrow operation (``coalesce``, ``union``) shares the stage: with
@@ -52,7 +59,14 @@ from statekeeper.errors import CommitConflictError, StateKeeperError
 from statekeeper.keyed import StatefulProcessor
 from statekeeper.spark._cache import CACHE, StoreSpec
 from statekeeper.spark._listener import register_operator
-from statekeeper.spark._partition import PART_COLUMN, TS_COLUMN, collect, peek_partition
+from statekeeper.spark._partition import (
+    KEY_GROUP_COLUMN,
+    PART_COLUMN,
+    TS_COLUMN,
+    Partitioning,
+    collect,
+    peek_partition,
+)
 from statekeeper.spark._reports import TaskIdentity, report_task
 from statekeeper.spark._runner import ArrowFunction, RunStats, run_arrow, run_processor
 from statekeeper.storage import open_blob_store
@@ -60,7 +74,7 @@ from statekeeper.store import CommitInfo, StateBackend, StateStore
 
 __all__ = ["transform_with_state", "transform_with_state_arrow"]
 
-_RESERVED = (TS_COLUMN, PART_COLUMN)
+_RESERVED = (TS_COLUMN, PART_COLUMN, KEY_GROUP_COLUMN)
 _KEY_TYPES = (
     T.StringType,
     T.BinaryType,
@@ -86,6 +100,13 @@ class _TaskSpec:
     output_schema: Any  # pa.Schema
     ts_column: str | None
     generation: int
+    key_groups: int | None
+    """The operator's key groups as the root records them (``None``: a 0.1 operator)."""
+
+    @property
+    def partitioning(self) -> Partitioning:
+        """How the operator's rows carry their partition."""
+        return Partitioning(self.store.partitions, self.key_groups)
 
 
 # -- driver side ---------------------------------------------------------------------------
@@ -139,7 +160,7 @@ def transform_with_state(
         lock_timeout_s, ts_column=TS_COLUMN,
     )  # fmt: skip
     task = functools.partial(_rows_task, spec, processor)
-    return _plan(df, key_names, partitions, task, schema, with_ts=True)
+    return _plan(df, key_names, spec.partitioning, task, schema, with_ts=True)
 
 
 def transform_with_state_arrow(
@@ -159,9 +180,14 @@ def transform_with_state_arrow(
 
     ``fn`` receives a :class:`PartitionStore` (``get``, ``multi_get``, ``scan``, ``put``,
     ``delete``, ``put_many``, ``delete_many`` on raw bytes, at version ``batch_id``) and an
-    iterator of pyarrow RecordBatches (rows of many keys, hash-partitioned by ``keys``), and
+    iterator of pyarrow RecordBatches (rows of many keys, partitioned by ``keys``), and
     yields RecordBatches of ``output_schema``. Statekeeper commits after the last one.
     Arguments and errors are those of :func:`transform_with_state`.
+
+    In an operator with key groups (every operator this version creates), the batches also
+    carry each row's key group (column ``__statekeeper_key_group``) and every key ``fn``
+    puts must start with its key group: build keys with
+    ``store.state_keys(batch, key_columns)`` (``encode_key`` of the key columns, prefixed).
 
     Raises:
         ValueError, TypeError, ConfigMismatchError, StateKeeperError: as
@@ -176,23 +202,30 @@ def transform_with_state_arrow(
         lock_timeout_s, ts_column=None,
     )  # fmt: skip
     task = functools.partial(_arrow_task, spec, fn)
-    return _plan(df, key_names, partitions, task, schema, with_ts=False)
+    return _plan(df, key_names, spec.partitioning, task, schema, with_ts=False)
 
 
 def _plan(
     df: DataFrame,
     key_names: list[str],
-    partitions: int,
+    partitioning: Partitioning,
     task: Any,
     schema: T.StructType,
     *,
     with_ts: bool,
 ) -> DataFrame:
-    """Shuffle by the keys, tag rows with their state partition, run, end the stage."""
+    """Shuffle by key group (or by the keys), tag rows with it, run, end the stage."""
     keys = [F.col(_quote(k)) for k in key_names]
-    shuffled = df.repartition(partitions, *keys)
-    # Evaluated after the exchange: neither column is shuffled.
-    tagged = shuffled.withColumn(PART_COLUMN, F.pmod(F.hash(*keys), F.lit(partitions)))
+    partitions, groups = partitioning.partitions, partitioning.key_groups
+    if groups is None:
+        shuffled = df.repartition(partitions, *keys)
+        # Evaluated after the exchange: not shuffled.
+        tagged = shuffled.withColumn(PART_COLUMN, F.pmod(F.hash(*keys), F.lit(partitions)))
+    else:
+        grouped = df.withColumn(KEY_GROUP_COLUMN, F.pmod(F.hash(*keys), F.lit(groups)))
+        # kg * P < 2^31 since P <= G <= 65280
+        target = F.expr(f"CAST((`{KEY_GROUP_COLUMN}` * {partitions}) div {groups} AS INT)")
+        tagged = grouped.repartitionById(partitions, target)
     if with_ts:
         tagged = tagged.withColumn(TS_COLUMN, F.current_timestamp())
     out = tagged.mapInArrow(task, schema)
@@ -282,6 +315,8 @@ def _prepare(
         # Refuses another partition count before any state is touched.
         backend.register(name, partitions)
         generation = backend.start_generation(name)
+        metadata = backend.root_metadata()
+    key_groups = None if metadata is None else metadata.key_groups.get(name)
     register_operator(spark, blobs, name, partitions)
     # Workers must open the same root: a relative local path would resolve in their cwd.
     root = checkpoint if "://" in checkpoint else blobs.uri
@@ -290,8 +325,9 @@ def _prepare(
     )
     key_schema = T.StructType([df.schema[k] for k in key_names]).json()
     return _TaskSpec(
-        store, tuple(key_names), key_schema, _arrow_schema(spark, schema), ts_column, generation
-    )
+        store, tuple(key_names), key_schema, _arrow_schema(spark, schema), ts_column,
+        generation, key_groups,
+    )  # fmt: skip
 
 
 def _refuse_speculation(spark: SparkSession) -> None:
@@ -373,7 +409,8 @@ def _commit(store: StateStore, spec: _TaskSpec, ctx: TaskIdentity) -> CommitInfo
 def _rows_task(spec: _TaskSpec, processor: StatefulProcessor, batches: Any) -> Iterator[Any]:
     started = time.perf_counter()
     assert spec.ts_column is not None
-    table, now_ms, data_partition = collect(batches, spec.ts_column)  # keys come together
+    # keys come together
+    table, now_ms, data_partition = collect(batches, spec.ts_column, spec.partitioning)
     ctx = _identity(spec, data_partition)
     lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id)
     stats = RunStats()
@@ -381,7 +418,7 @@ def _rows_task(spec: _TaskSpec, processor: StatefulProcessor, batches: Any) -> I
         yield from run_processor(
             lease.store, processor, table, keys=spec.keys, output_schema=spec.output_schema,
             operator=spec.store.operator, batch_id=ctx.batch_id, partition=ctx.partition,
-            now_ms=now_ms, key_schema=spec.key_schema, stats=stats,
+            now_ms=now_ms, key_schema=spec.key_schema, stats=stats, key_groups=spec.key_groups,
         )  # fmt: skip
         info = _commit(lease.store, spec, ctx)
     except BaseException:
@@ -393,7 +430,7 @@ def _rows_task(spec: _TaskSpec, processor: StatefulProcessor, batches: Any) -> I
 
 def _arrow_task(spec: _TaskSpec, fn: ArrowFunction, batches: Any) -> Iterator[Any]:
     started = time.perf_counter()
-    data_partition, stripped = peek_partition(iter(batches))
+    data_partition, stripped = peek_partition(iter(batches), spec.partitioning)
     ctx = _identity(spec, data_partition)
     lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id)
     stats = RunStats()
@@ -401,7 +438,7 @@ def _arrow_task(spec: _TaskSpec, fn: ArrowFunction, batches: Any) -> Iterator[An
         yield from run_arrow(
             lease.store, fn, stripped, output_schema=spec.output_schema,
             operator=spec.store.operator, batch_id=ctx.batch_id, partition=ctx.partition,
-            stats=stats,
+            stats=stats, key_groups=spec.key_groups, partitions=spec.store.partitions,
         )  # fmt: skip
         info = _commit(lease.store, spec, ctx)
     except BaseException:
