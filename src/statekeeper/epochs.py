@@ -1,16 +1,18 @@
 """Epoch manifests: after micro-batch ``b`` the driver records every partition's state.
 
-``_epochs/<b:020d>.json`` (key from :func:`statekeeper.layout.epoch_key`), written create-only
-once all partitions of the batch committed (Dozer's ``finalize_epoch``; Samza's checkpoint
-topic). For each operator and partition it names the committed version (``b + 1``), the blob
-that committed it, and the newest snapshot index at or below it. Tools and garbage collection
-may use it as a consistent cut of the root; nothing's correctness depends on it: every fact in
-it can be re-derived by listing the root.
+``_epochs/<query id>/<b:020d>.json`` (key from :func:`statekeeper.layout.epoch_key`), written
+create-only once all partitions of the batch committed (Dozer's ``finalize_epoch``; Samza's
+checkpoint topic). Keyed by query, so two queries on one root each keep theirs. For each
+operator and partition it names the committed version (``b + 1``), the blob that committed
+it, and the newest snapshot index at or below it. It is the consistent cut that tools read
+(:func:`latest_manifest`: every partition of an operator at the same batch); nothing's
+correctness depends on it: every fact in it can be re-derived from the store manifests.
+Format-1 roots kept them at ``_epochs/<b:020d>.json``; they are still read.
 
-Document (``formatVersion`` 1)::
+Document (``formatVersion`` 2 adds ``crc32c``, of the canonical JSON without it)::
 
-    {"format": "statekeeper.epoch", "formatVersion": 1, "epoch": 7,
-     "queryId": "...", "runId": "...", "createdTimeMs": 1700000000000,
+    {"format": "statekeeper.epoch", "formatVersion": 2, "epoch": 7,
+     "queryId": "...", "runId": "...", "createdTimeMs": 1700000000000, "crc32c": 123,
      "operators": {"counts": {"partitions": 2, "stores": [
          {"partition": 0, "version": 8, "commitBlob": "counts/0/changelog/...8.changelog",
           "snapshotVersion": 5, "snapshotIndex": "counts/0/snapshot/...5.index.json"}, ...]}}}
@@ -19,31 +21,38 @@ Document (``formatVersion`` 1)::
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import google_crc32c
 
 from statekeeper import layout
 from statekeeper.errors import (
     CommitConflictError,
     ConfigMismatchError,
     CorruptStateError,
+    StateNotFoundError,
 )
 from statekeeper.history import StoreHistory
-from statekeeper.storage import BlobStore
+from statekeeper.storage import BlobMeta, BlobStore
 
 __all__ = [
     "EpochManifest",
     "StoreEntry",
     "build_manifest",
     "latest_epoch",
+    "latest_manifest",
     "read_manifest",
     "write_manifest",
 ]
 
+_log = logging.getLogger(__name__)
+
 FORMAT = "statekeeper.epoch"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -87,6 +96,7 @@ class EpochManifest:
                 for op in sorted(self.stores)
             },
         }
+        doc["crc32c"] = google_crc32c.value(_canonical(doc))
         return json.dumps(doc, indent=1, sort_keys=True).encode("utf-8") + b"\n"
 
     @classmethod
@@ -109,6 +119,13 @@ class EpochManifest:
                 f"epoch manifest {blob} has format version {version}; this statekeeper reads "
                 f"versions <= {FORMAT_VERSION}: upgrade statekeeper"
             )
+        if version >= 2:
+            crc = doc.pop("crc32c", None)
+            if crc != google_crc32c.value(_canonical(doc)):
+                raise CorruptStateError(
+                    f"epoch manifest {blob} is not valid: checksum mismatch (stored {crc!r}): "
+                    "it was edited or damaged"
+                )
         try:
             ops = doc["operators"]
             return cls(
@@ -125,6 +142,10 @@ class EpochManifest:
     def versions(self) -> dict[str, list[int]]:
         """Operator -> committed version per partition."""
         return {op: [e.version for e in entries] for op, entries in self.stores.items()}
+
+
+def _canonical(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def _entry_json(entry: StoreEntry) -> dict[str, Any]:
@@ -213,7 +234,7 @@ def write_manifest(blobs: BlobStore, manifest: EpochManifest) -> bool:
         CommitConflictError: the existing manifest records different versions.
         StorageError: the write failed.
     """
-    key = layout.epoch_key(manifest.epoch)
+    key = layout.epoch_key(manifest.epoch, manifest.query_id)
     try:
         blobs.put(key, manifest.to_json())
         return True
@@ -225,30 +246,74 @@ def write_manifest(blobs: BlobStore, manifest: EpochManifest) -> bool:
             return False
         raise CommitConflictError(
             f"epoch manifest {key} exists with other versions ({theirs}) than this run's "
-            f"({ours}): is another query writing epochs to this checkpoint root?"
+            f"({ours}): is another run of query {manifest.query_id} still writing?"
         ) from None
 
 
-def read_manifest(blobs: BlobStore, epoch: int) -> EpochManifest:
-    """Read the manifest of ``epoch``.
+def read_manifest(blobs: BlobStore, epoch: int, query_id: str | None = None) -> EpochManifest:
+    """Read the manifest of ``epoch`` of query ``query_id`` (``None``: of the one query, or
+    the format-1 manifest, that has one for ``epoch``).
 
     Raises:
         StateNotFoundError: no manifest for ``epoch``.
+        ValueError: ``query_id`` is ``None`` and several queries have one for ``epoch``.
         CorruptStateError, ConfigMismatchError: as :meth:`EpochManifest.from_json`.
     """
-    key = layout.epoch_key(epoch)
+    if query_id is not None:
+        key = layout.epoch_key(epoch, query_id)
+        return EpochManifest.from_json(blobs.get(key), blob=key)
+    keys = [meta.key for (_, e), meta in _epoch_metas(blobs).items() if e == epoch]
+    if len(keys) > 1:
+        raise ValueError(
+            f"{len(keys)} queries have an epoch manifest for epoch {epoch} ({', '.join(keys)}): "
+            "give the query id"
+        )
+    key = keys[0] if keys else layout.epoch_key(epoch)
     return EpochManifest.from_json(blobs.get(key), blob=key)
 
 
-def latest_epoch(blobs: BlobStore) -> int | None:
-    """The newest epoch with a manifest, or ``None``.
+def latest_epoch(blobs: BlobStore, query_id: str | None = None) -> int | None:
+    """The newest epoch with a manifest (of query ``query_id``, if given), or ``None``.
 
     Raises:
         StorageError: the listing failed.
     """
-    epochs = [
-        e
-        for m in blobs.list(layout.epochs_prefix())
-        if (e := layout.parse_epoch_key(m.key)) is not None
-    ]
-    return max(epochs, default=None)
+    return max(
+        (e for q, e in _epoch_metas(blobs, query_id) if query_id is None or q == query_id),
+        default=None,
+    )
+
+
+def latest_manifest(blobs: BlobStore, operator: str | None = None) -> EpochManifest | None:
+    """The consistent cut tools read: the newest epoch manifest (by the time it was written)
+    of any query that names ``operator`` (any operator if ``None``); ``None`` if none does.
+    A damaged or unreadable newest manifest is skipped for the one before it.
+
+    Raises:
+        StorageError: the listing failed.
+    """
+    metas = _epoch_metas(blobs)
+    # Newest first: across queries by when each was written, then by epoch.
+    newest = sorted(metas.items(), key=lambda item: (item[1].last_modified, item[0][1]))
+    for _, meta in reversed(newest):
+        key = meta.key
+        try:
+            manifest = EpochManifest.from_json(blobs.get(key), blob=key)
+        except (CorruptStateError, ConfigMismatchError, StateNotFoundError) as exc:
+            _log.warning("skipping epoch manifest %s: %s", key, exc)
+            continue
+        if operator is None or operator in manifest.stores:
+            return manifest
+    return None
+
+
+def _epoch_metas(
+    blobs: BlobStore, query_id: str | None = None
+) -> dict[tuple[str | None, int], BlobMeta]:
+    """(query id, epoch) -> every epoch manifest (of one query if given)."""
+    found: dict[tuple[str | None, int], BlobMeta] = {}
+    for meta in blobs.list(layout.epochs_prefix(query_id)):
+        parsed = layout.parse_epoch_key(meta.key)
+        if parsed is not None:
+            found[parsed] = meta
+    return found

@@ -174,6 +174,7 @@ def collect_garbage(
         report.incomplete_writes = blobs.sweep_incomplete(older_than, dry_run=dry_run)
         if not dry_run:
             report.deleted_keys.extend(_expire_epochs(blobs, config))
+            report.deleted_keys.extend(_expire_reports(blobs, config))
     report.duration_s = time.monotonic() - started
     _log.info(
         "gc%s: %d blobs, %d bytes %s in %d stores (%.2fs)",
@@ -484,13 +485,34 @@ def _delete_in_order(blobs: BlobStore, keys: list[str]) -> None:
 
 
 def _expire_epochs(blobs: BlobStore, config: StoreConfig) -> list[str]:
-    """Delete epoch manifests beyond the newest ``retain_versions``."""
-    epochs = sorted(
-        (e, m.key)
-        for m in blobs.list(layout.epochs_prefix())
-        if (e := layout.parse_epoch_key(m.key)) is not None
-    )
-    doomed = [key for _, key in epochs[: max(0, len(epochs) - config.retain_versions)]]
+    """Delete each query's epoch manifests beyond its newest ``retain_versions``."""
+    by_query: dict[str | None, list[tuple[int, str]]] = defaultdict(list)
+    for m in blobs.list(layout.epochs_prefix()):
+        if (parsed := layout.parse_epoch_key(m.key)) is not None:
+            by_query[parsed[0]].append((parsed[1], m.key))
+    doomed = [
+        key
+        for epochs in by_query.values()
+        for _, key in sorted(epochs)[: max(0, len(epochs) - config.retain_versions)]
+    ]
+    if doomed:
+        blobs.delete_many(doomed)
+    return doomed
+
+
+def _expire_reports(blobs: BlobStore, config: StoreConfig) -> list[str]:
+    """Delete task reports of each operator's micro-batches beyond its newest
+    ``retain_versions`` (they feed per-batch metrics, read soon after the batch)."""
+    batches: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for m in blobs.list(layout.reports_prefix()):
+        if (parsed := layout.parse_report_key(m.key)) is not None:
+            batches[parsed[0]][parsed[1]].append(m.key)
+    doomed = [
+        key
+        for by_batch in batches.values()
+        for batch in sorted(by_batch)[: max(0, len(by_batch) - config.retain_versions)]
+        for key in by_batch[batch]
+    ]
     if doomed:
         blobs.delete_many(doomed)
     return doomed

@@ -44,7 +44,8 @@ class RootListing:
     """The blob store listed (to read manifests); ``None``: format 1 names only."""
     root_id: str = ""
     stores: dict[tuple[str, int], list[BlobMeta]] = field(default_factory=dict)
-    epochs: list[int] = field(default_factory=list)
+    epochs: list[tuple[str | None, int]] = field(default_factory=list)
+    """(query id, epoch) of every epoch manifest (query ``None``: a format-1 one), sorted."""
     _histories: dict[tuple[str, int], StoreHistory] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -62,7 +63,7 @@ class RootListing:
                 listing.stores.setdefault(store, []).append(meta)
             elif (epoch := layout.parse_epoch_key(meta.key)) is not None:
                 listing.epochs.append(epoch)
-        listing.epochs.sort()
+        listing.epochs.sort(key=lambda e: (e[0] or "", e[1]))
         return listing
 
     def partitions(self, operator: str) -> list[int]:

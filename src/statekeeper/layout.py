@@ -33,6 +33,7 @@ __all__ = [
     "store_prefix",
     "validate_operator",
     "validate_partition",
+    "validate_query_id",
     "validate_version",
 ]
 
@@ -261,25 +262,50 @@ def parse_store_key(key: str) -> tuple[str, int] | None:
     return parts[0], int(parts[1])
 
 
-def epochs_prefix() -> str:
-    """Prefix of the epoch manifests."""
-    return _EPOCHS
+def epochs_prefix(query_id: str | None = None) -> str:
+    """Prefix of the epoch manifests (of one query if ``query_id`` is given)."""
+    return _EPOCHS if query_id is None else f"{_EPOCHS}{validate_query_id(query_id)}/"
 
 
-def epoch_key(epoch: int) -> str:
-    """Key of the manifest of ``epoch``."""
-    return f"{_EPOCHS}{validate_version(epoch):0{_DIGITS}d}.json"
+def validate_query_id(query_id: object) -> str:
+    """Check a streaming query id (Spark's are UUIDs) names a folder safely.
+
+    Raises:
+        TypeError, ValueError: not a short name of letters, digits, ``_ . -``.
+    """
+    if not isinstance(query_id, str):
+        raise TypeError(f"a query id must be a str, got {type(query_id).__name__}")
+    if not _OPERATOR_RE.fullmatch(query_id):
+        raise ValueError(
+            f"a query id must be 1-128 letters, digits, '_', '.' or '-' starting with a "
+            f"letter or digit, got {query_id!r}"
+        )
+    return query_id
 
 
-def parse_epoch_key(key: str) -> int | None:
-    """Epoch of a manifest key, or ``None``."""
+def epoch_key(epoch: int, query_id: str | None = None) -> str:
+    """Key of the manifest of ``epoch`` of query ``query_id`` (``None``: the format-1 key,
+    shared by every query of the root, read but no longer written)."""
+    return f"{epochs_prefix(query_id)}{validate_version(epoch):0{_DIGITS}d}.json"
+
+
+def parse_epoch_key(key: str) -> tuple[str | None, int] | None:
+    """(query id, epoch) of a manifest key (query ``None`` for a format-1 key), or ``None``."""
     if not key.startswith(_EPOCHS):
         return None
-    return _parse_digits(key[len(_EPOCHS) :], ".json")
+    rest = key[len(_EPOCHS) :]
+    query, _, name = rest.rpartition("/")
+    if query and not _OPERATOR_RE.fullmatch(query):
+        return None
+    epoch = _parse_digits(name, ".json")
+    return None if epoch is None else (query or None, epoch)
 
 
-def reports_prefix(operator: str, batch_id: int | None = None) -> str:
-    """Prefix of the task reports of ``operator`` (of one micro-batch if ``batch_id`` is given)."""
+def reports_prefix(operator: str | None = None, batch_id: int | None = None) -> str:
+    """Prefix of the task reports of ``operator`` (of one micro-batch if ``batch_id`` is
+    given; of every operator if ``operator`` is ``None``)."""
+    if operator is None:
+        return _REPORTS
     head = f"{_REPORTS}{validate_operator(operator)}/"
     return head if batch_id is None else f"{head}{validate_version(batch_id):0{_DIGITS}d}/"
 

@@ -58,7 +58,11 @@ def _info_document(root: Root) -> dict[str, Any]:
         "bytes": sum(m.size for m in listing.blobs),
         "epochs": {
             "count": len(listing.epochs),
-            "latest": listing.epochs[-1] if listing.epochs else None,
+            "latest": max((e for _, e in listing.epochs), default=None),
+            "queries": {
+                query or "": max(e for q, e in listing.epochs if q == query)
+                for query in sorted({q for q, _ in listing.epochs}, key=lambda q: q or "")
+            },
         },
         "operators": operators,
     }

@@ -1,0 +1,119 @@
+"""Epoch manifests without Spark: keyed by query, checksummed, the cut tools read, expired
+per query."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import statekeeper as sk
+from statekeeper import layout
+from statekeeper.epochs import (
+    EpochManifest,
+    StoreEntry,
+    latest_epoch,
+    latest_manifest,
+    read_manifest,
+    write_manifest,
+)
+from statekeeper.gc import collect_garbage
+from statekeeper.storage import LocalBlobStore
+
+Q1, Q2 = "0b5c2f0e-1111-4c1e-9a52-0c6d7a1e0001", "0b5c2f0e-2222-4c1e-9a52-0c6d7a1e0002"
+
+
+def _manifest(query: str, epoch: int, operator: str, created: int) -> EpochManifest:
+    entries = [StoreEntry(p, epoch + 1, f"{operator}/{p}/changelog/x", None, None) for p in (0, 1)]
+    return EpochManifest(epoch, query, "run", created, {operator: 2}, {operator: entries})
+
+
+@pytest.fixture
+def blobs(tmp_path: Path) -> LocalBlobStore:
+    return LocalBlobStore(str(tmp_path / "root"))
+
+
+def test_two_queries_on_one_root_each_keep_their_epochs(blobs: LocalBlobStore) -> None:
+    for epoch in range(3):
+        assert write_manifest(blobs, _manifest(Q1, epoch, "counts", 1000 + epoch))
+    for epoch in range(2):
+        # The same epoch numbers with other versions: another query, not a conflict.
+        assert write_manifest(blobs, _manifest(Q2, epoch, "dedup", 2000 + epoch))
+    assert (latest_epoch(blobs, Q1), latest_epoch(blobs, Q2), latest_epoch(blobs)) == (2, 1, 2)
+    assert read_manifest(blobs, 1, Q1).stores.keys() == {"counts"}
+    assert read_manifest(blobs, 1, Q2).stores.keys() == {"dedup"}
+    assert read_manifest(blobs, 2).query_id == Q1  # only one query has epoch 2
+    with pytest.raises(ValueError, match="2 queries have an epoch manifest for epoch 1"):
+        read_manifest(blobs, 1)
+    assert blobs.head(layout.epoch_key(0, Q2)).key == f"_epochs/{Q2}/{0:020d}.json"
+    # A re-run of an epoch with the same versions is no conflict; other versions are.
+    assert not write_manifest(blobs, _manifest(Q1, 2, "counts", 9999))
+    clash = _manifest(Q1, 2, "counts", 1)
+    clash.stores["counts"][0] = StoreEntry(0, 7, None, None, None)
+    with pytest.raises(sk.CommitConflictError, match=f"another run of query {Q1}"):
+        write_manifest(blobs, clash)
+
+
+def test_the_cut_is_the_newest_manifest_naming_the_operator(blobs: LocalBlobStore) -> None:
+    write_manifest(blobs, _manifest(Q1, 0, "counts", 1))
+    write_manifest(blobs, _manifest(Q2, 5, "dedup", 2))
+    cut = latest_manifest(blobs, "counts")
+    assert cut is not None
+    assert (cut.query_id, cut.epoch, cut.versions()) == (Q1, 0, {"counts": [1, 1]})
+    newest = latest_manifest(blobs)
+    assert newest is not None
+    assert newest.query_id == Q2
+    assert latest_manifest(blobs, "missing") is None
+
+
+def test_a_damaged_manifest_is_refused_and_the_cut_falls_back(blobs: LocalBlobStore) -> None:
+    write_manifest(blobs, _manifest(Q1, 0, "counts", 1))
+    write_manifest(blobs, _manifest(Q1, 1, "counts", 2))
+    key = layout.epoch_key(1, Q1)
+    doc = json.loads(blobs.get(key))
+    doc["operators"]["counts"]["stores"][1]["version"] = 99  # a hand edit
+    blobs.put(key, json.dumps(doc).encode(), overwrite=True)
+    with pytest.raises(sk.CorruptStateError, match=f"epoch manifest {key}.*checksum mismatch"):
+        read_manifest(blobs, 1, Q1)
+    cut = latest_manifest(blobs, "counts")
+    assert cut is not None
+    assert cut.epoch == 0
+
+
+def test_a_format_1_manifest_still_reads(blobs: LocalBlobStore) -> None:
+    doc = json.loads(_manifest(Q1, 3, "counts", 1).to_json())
+    del doc["crc32c"]
+    doc["formatVersion"] = 1
+    blobs.put(layout.epoch_key(3), json.dumps(doc).encode())
+    assert latest_epoch(blobs) == 3
+    assert read_manifest(blobs, 3).versions() == {"counts": [4, 4]}
+    assert layout.parse_epoch_key(layout.epoch_key(3)) == (None, 3)
+
+
+def test_gc_keeps_the_newest_epochs_of_every_query(blobs: LocalBlobStore, tmp_path: Path) -> None:
+    for epoch in range(5):
+        write_manifest(blobs, _manifest(Q1, epoch, "counts", epoch))
+    for epoch in range(3):
+        write_manifest(blobs, _manifest(Q2, epoch, "dedup", epoch))
+    config = sk.StoreConfig(local_dir=str(tmp_path / "l"), retain_versions=2)
+    deleted = collect_garbage(blobs, config, []).deleted_keys
+    assert sorted(deleted) == sorted(
+        [layout.epoch_key(e, Q1) for e in (0, 1, 2)] + [layout.epoch_key(0, Q2)]
+    )
+    assert (latest_epoch(blobs, Q1), latest_epoch(blobs, Q2)) == (4, 2)
+
+
+def test_gc_keeps_the_task_reports_of_the_newest_batches(
+    blobs: LocalBlobStore, tmp_path: Path
+) -> None:
+    for batch in range(4):
+        for partition in (0, 1):
+            blobs.put(layout.report_key("counts", batch, partition), b"{}")
+    blobs.put(layout.report_key("other", 0, 0), b"{}")
+    config = sk.StoreConfig(local_dir=str(tmp_path / "l"), retain_versions=2)
+    deleted = collect_garbage(blobs, config, []).deleted_keys
+    assert sorted(deleted) == sorted(
+        layout.report_key("counts", b, p) for b in (0, 1) for p in (0, 1)
+    )
+    assert len(blobs.list(layout.reports_prefix())) == 5
