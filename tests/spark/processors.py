@@ -157,3 +157,22 @@ class RowCountSum(StatefulProcessor):
         self.count.update(n)
         self.total.update(s)
         yield (key[0], n, s)
+
+
+class AppendScaled(StatefulProcessor):
+    """Order-sensitive: appends ``v * scale`` of every row to a list state in arrival order
+    and keeps the last one in a value state; emits the list's count and sum."""
+
+    def __init__(self, scale: int) -> None:
+        self.scale = scale
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.values = handle.list_state("values")
+        self.last = handle.value_state("last")
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        scaled = [int(v) * self.scale for v in rows["v"]]
+        self.values.extend(scaled)
+        self.last.update(scaled[-1])
+        every = self.values.get()
+        yield pd.DataFrame({"k": [key[0]], "count": [len(every)], "sum": [sum(every)]})
