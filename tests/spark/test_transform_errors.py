@@ -86,3 +86,27 @@ def test_output_not_matching_the_schema_names_the_column(
     assert "column 'count' has type string, but output_schema declares int64" in message
     with StateBackend(root) as backend:
         assert backend.versions("wrong", 0) == [0]
+
+
+def test_speculation_is_refused_before_any_state_is_touched(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A speculative copy of a task would run a partition's processor twice at once: a
+    session with ``spark.speculation=true`` is refused with the reason and the remedy."""
+    root = str(tmp_path / "state")
+    session = spark.newSession()  # its own SQL conf: the suite's session stays as it is
+    # spark.speculation is a core conf, fixed when a SparkContext starts; a session of a
+    # context started with it reads "true" from its conf, as this one does once allowed.
+    session.conf.set("spark.sql.legacy.setCommandRejectsSparkCoreConfs", "false")
+    session.conf.set("spark.speculation", "true")
+    df = read_stream(session, tmp_path / "in")
+    message = r"does not run with spark\.speculation=true.*Turn speculation off"
+    with pytest.raises(ValueError, match=message):
+        transform_with_state(df, "k", RunningCountSum(), OUTPUT_SCHEMA, root, "op", 2)
+    with pytest.raises(ValueError, match=message):
+        transform_with_state_arrow(df, "k", arrow_count_sum, OUTPUT_SCHEMA, root, "op", 2)
+    assert not Path(root).exists()
+    session.conf.set("spark.speculation", "false")
+    transform_with_state(df, "k", RunningCountSum(), OUTPUT_SCHEMA, root, "op", 2)
+    assert Path(root).exists()  # the same call goes through once speculation is off
+    assert spark.conf.get("spark.speculation", "false") == "false"
