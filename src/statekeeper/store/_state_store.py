@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from statekeeper import layout
-from statekeeper.changelog import decode_changelog, encode_changelog
+from statekeeper.changelog import ChangelogIdentity, decode_changelog, encode_changelog
 from statekeeper.config import StoreConfig
 from statekeeper.errors import CommitConflictError, StateKeeperError
 from statekeeper.manifest import (
@@ -325,6 +325,7 @@ class StateStore:
             version=new_version,
             compression=self._config.compression,
             level=self._config.compression_level,
+            identity=ChangelogIdentity(self._root_id, self._operator, self._partition, attempt),
         )
         key = layout.attempt_changelog_key(self._operator, self._partition, new_version, attempt)
         try:

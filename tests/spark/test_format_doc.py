@@ -1,0 +1,44 @@
+"""docs/format.md states what the code does for key groups and task reports."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+from statekeeper import layout
+from statekeeper.keyed import MAX_KEY_GROUPS
+from statekeeper.keyed._layout import GROUPED_TTL_INDEX, META_KEY
+from statekeeper.reports import KEEP_BATCHES, PRUNE_EVERY, TaskReport, encode_report
+from statekeeper.store import DEFAULT_KEY_GROUPS
+
+DOC = (Path(__file__).parents[2] / "docs" / "format.md").read_text()
+
+
+def _section(title: str, *, raw: bool = False) -> str:
+    start = DOC.index(f"## {title}")
+    end = DOC.find("\n## ", start + 1)
+    text = DOC[start : end if end >= 0 else None]
+    return text if raw else " ".join(text.split())  # one space between words
+
+
+def test_the_key_group_section_matches_the_layout() -> None:
+    text = _section("Key groups")
+    assert f"({DEFAULT_KEY_GROUPS} by default, at most {MAX_KEY_GROUPS})" in text
+    assert f'0x{META_KEY[0]:02X} "{META_KEY[1:].decode()}"' in text
+    assert "0x{:02X} 0x{:02X} <state> <expiry ms:u64> <data key>".format(*GROUPED_TTL_INDEX) in text
+    assert "`g * P div keyGroups == p`" in text
+
+
+def test_the_report_section_names_every_field_and_the_key() -> None:
+    text = _section("Task reports")
+    assert "_reports/<operator>/<batch:020d>/<partition:06d>.json" in text
+    assert layout.report_key("op", 7, 3) == "_reports/op/00000000000000000007/000003.json"
+    assert f"Every {PRUNE_EVERY}" in text
+    assert f"older than {KEEP_BATCHES} batches" in text
+    values = {f.name: 0 for f in dataclasses.fields(TaskReport)}
+    doc = json.loads(encode_report(TaskReport(**values)))  # type: ignore[arg-type]
+    rows = re.findall(r"^\| (.+?) \|", _section("Task reports", raw=True), re.MULTILINE)
+    documented = {name for row in rows for name in re.findall(r"`(\w+)`", row)}
+    assert documented == set(doc) - {"format", "formatVersion"}
