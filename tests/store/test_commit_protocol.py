@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
+import rocksdict
 
 import statekeeper as sk
+from statekeeper import layout
+from statekeeper.snapshot import load_index, referenced_blob_ids
+from statekeeper.storage import BlobStore, LocalBlobStore
+from tests.blobstores import RecordingBlobStore, store_history
 
 
 def _backend(tmp: Path, name: str, **config: object) -> sk.StateBackend:
@@ -89,3 +97,81 @@ def test_two_writers_in_different_modes_agree_on_one_version(tmp_path: Path) -> 
         with _backend(tmp_path, name).open("op", 0) as store:
             assert (store.version, store.get(b"k")) == (1, b"changelog")
     assert _backend(tmp_path, "v").verify(deep=True).ok
+
+
+class _HoldIndexPut(RecordingBlobStore):
+    """Holds the first snapshot index PUT (the upload's files are in) until released."""
+
+    def __init__(self, inner: BlobStore) -> None:
+        super().__init__(inner)
+        self.gate, self.holding = threading.Event(), threading.Event()
+
+    def put(
+        self, key: str, data: bytes, *, overwrite: bool = False, if_match: str | None = None
+    ) -> None:
+        if "/snapshot/" in key and not self.holding.is_set():
+            self.holding.set()
+            assert self.gate.wait(timeout=60)
+        super().put(key, data, overwrite=overwrite, if_match=if_match)
+
+
+def _compact(path: str) -> None:
+    db = rocksdict.Rdict(path)
+    try:
+        db.compact_range(None, None)
+    finally:
+        db.close()
+
+
+def _snapshot_files(backend: sk.StateBackend, version: int) -> set[str]:
+    history = store_history(backend, "op", 0)
+    index = load_index(backend.blobs, "op", 0, version, key=history.index_key(version))
+    return set(referenced_blob_ids(index))
+
+
+def test_gc_between_two_snapshot_uploads_never_loses_the_store(tmp_path: Path) -> None:
+    """Event 4: a host restores snapshot 10 and uploads snapshot 20 diffed against it; an
+    older attempt lands snapshot 15 meanwhile, and GC moves the base to 15. The files of
+    snapshot 10 that upload reuses must survive until snapshot 20 names them."""
+    writer = _backend(tmp_path, "w", snapshot_every=1000)
+    with writer.open("op", 0, partitions=1) as store:
+        for v in range(1, 21):
+            _commit(store, {b"k%d" % v: b"v%d" % v}, (0, 0, 0, 0))
+            if v == 10:
+                assert store.snapshot_now() is not None
+    files_10 = _snapshot_files(writer, 10)
+    held = _HoldIndexPut(LocalBlobStore(str(tmp_path / "root")))
+    config = sk.StoreConfig(local_dir=str(tmp_path / "a"), snapshot_every=1000)
+    host_a = sk.StateBackend(held, config=config)
+    with host_a.open("op", 0) as store_a:
+        assert (store_a.restore_info.base_kind, store_a.restore_info.base) == ("snapshot", 10)
+        upload = threading.Thread(target=store_a.snapshot_now)
+        upload.start()
+        assert held.holding.wait(timeout=60)
+        host_b = _backend(tmp_path, "b")
+        host_b.open("op", 0, version=15).close()
+        _compact(host_b.local_path("op", 0))  # RocksDB rewrites every SST of snapshot 10
+        with host_b.open("op", 0, version=15) as store_b:
+            assert store_b.restore_info.base_kind == "local"
+            assert store_b.snapshot_now() is not None
+        files_15 = _snapshot_files(writer, 15)
+        assert files_10 - files_15, "snapshot 15 should not name the SSTs of snapshot 10"
+        collector = _backend(tmp_path, "gc", retain_versions=5, orphan_ttl_s=600)
+        # Snapshot 10 was written an hour ago: only its retirement now protects its files.
+        for blob_id in files_10:
+            path = tmp_path / "root" / layout.file_blob_key("op", 0, blob_id)
+            os.utime(path, (time.time() - 3600, time.time() - 3600))
+        rep = collector.gc()
+        assert rep.stores["op/0"].base == 15
+        held.gate.set()
+        upload.join(timeout=60)
+    reused = _snapshot_files(writer, 20) & files_10 - files_15
+    assert reused, (
+        "snapshot 20 should reuse files only snapshot 10 named (else this proves nothing)"
+    )
+    collector.gc()
+    cold = _backend(tmp_path, "cold")
+    with cold.open("op", 0) as store:
+        assert (store.restore_info.base_kind, store.restore_info.base) == ("snapshot", 20)
+        assert dict(store.scan()) == {b"k%d" % v: b"v%d" % v for v in range(1, 21)}
+    assert cold.verify(deep=True).ok
