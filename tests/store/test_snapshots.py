@@ -173,6 +173,8 @@ def test_local_copy_ahead_restores_the_snapshot_reusing_identical_files(tmp_path
         store.snapshot_now()
         _fill(store, 5000, 10, tag=b"w")
         store.commit()
+        _fill(store, 5010, 10, tag=b"x")
+        store.commit()  # two commits ahead: one would step back without any restore
     with backend.open("op", 0, version=1) as store:
         info = store.restore_info
         assert (info.base_kind, info.base) == ("snapshot", 1)

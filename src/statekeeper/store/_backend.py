@@ -140,13 +140,16 @@ class StateBackend:
                 f"partitions (0..{count - 1}) in this checkpoint root"
             )
         history = StoreHistory.load(self._blobs, name, partition, root_id=meta.root_id)
+        wanted = history.latest() if version is None else version
         copy, info = restore_copy(
             blobs=self._blobs,
             config=self._config,
             history=history,
-            version=history.latest() if version is None else version,
+            version=wanted,
             root_id=meta.root_id,
-            open_copy=lambda: self._open_copy(name, partition),
+            open_copy=lambda: self._open_copy(
+                name, partition, step_back=(history, wanted, meta.root_id)
+            ),
         )
         store = StateStore(
             blobs=self._blobs,
@@ -159,6 +162,7 @@ class StateBackend:
             snapshotter=self._snapshotter,
             manifest=history.as_manifest(meta.root_id),
             before_commit=None if meta.format_version >= FORMAT_VERSION else self._registry.upgrade,
+            rebuild=lambda at: self._rebuild_copy(name, partition, at, meta.root_id),
         )
         with self._open_lock:
             self._open_stores[(name, partition)] = store
@@ -375,14 +379,70 @@ class StateBackend:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _open_copy(self, name: str, partition: int) -> WorkingCopy:
+    def _open_copy(
+        self,
+        name: str,
+        partition: int,
+        *,
+        step_back: tuple[StoreHistory, int, str] | None = None,
+    ) -> WorkingCopy:
+        """Open the store's working copy; with ``step_back`` (the history, the version
+        wanted, the root id), a copy one commit ahead of the authority steps back first."""
         path = self.local_path(name, partition)
         remove_stale_checkpoints(path)
-        return WorkingCopy(
+        copy = WorkingCopy(
             path,
             write_buffer_mb=self._config.write_buffer_mb,
             checkpoint_interval_s=self._config.local_checkpoint_interval_s,
         )
+        if step_back is not None:
+            try:
+                _step_back_if_ahead(copy, *step_back)
+            except BaseException:
+                copy.close(flush=False)
+                raise
+        return copy
+
+    def _rebuild_copy(self, name: str, partition: int, version: int, root_id: str) -> WorkingCopy:
+        """A new working copy of the store at ``version``, restored from the blob store
+        (after the damaged one was set aside).
+
+        Raises:
+            StateNotFoundError, CorruptStateError, StorageError: as :meth:`open`.
+        """
+        history = StoreHistory.load(self._blobs, name, partition, root_id=root_id)
+        copy, _ = restore_copy(
+            blobs=self._blobs,
+            config=self._config,
+            history=history,
+            version=version,
+            root_id=root_id,
+            open_copy=lambda: self._open_copy(name, partition),
+        )
+        return copy
+
+
+def _step_back_if_ahead(
+    copy: WorkingCopy, history: StoreHistory, wanted: int, root_id: str
+) -> None:
+    """Step a copy back one commit, without a download, when it holds a version the
+    authority does not (a re-run opens ``b`` while the copy holds ``b + 1`` of the failed
+    attempt, or another attempt replaced the copy's version) and the version under it is
+    the authority's and not above ``wanted``.
+
+    Raises:
+        DamagedCopyError: the copy's label cannot be read.
+        StateKeeperError: the local write failed.
+    """
+    held = copy.label
+    if held is None or not copy.can_step_back or copy.root_id != root_id:
+        return
+    # A dirty copy of the authority's attempt holds that version all the same (a snapshot
+    # mode checkpoint is taken before its commit point): it is no step ahead.
+    current = held <= wanted and copy.attempt == history.attempt(held)
+    if current or held - 1 > wanted:
+        return
+    copy.step_back(version=held - 1, attempt=history.attempt(held - 1))
 
 
 def _check_partitions(partitions: object) -> None:

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TypeVar
 
 from statekeeper import layout
 from statekeeper.changelog import ChangelogIdentity, decode_changelog, encode_changelog
@@ -39,12 +40,13 @@ from statekeeper.metrics import CommitMetrics, from_commit
 from statekeeper.snapshot import SnapshotMetrics
 from statekeeper.storage import BlobStore
 from statekeeper.store._snapshots import SnapshotJob, Snapshotter, write_metrics_quietly
-from statekeeper.store._working_copy import WorkingCopy
+from statekeeper.store._working_copy import DamagedCopyError, WorkingCopy
 
 __all__ = ["CommitInfo", "RestoreInfo", "StateStore"]
 
 _log = logging.getLogger("statekeeper.store")
 _MAX_LEN = 2**31 - 2
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,7 @@ class StateStore:
         snapshotter: Snapshotter,
         manifest: StoreManifest,
         before_commit: Callable[[], object] | None = None,
+        rebuild: Callable[[int], WorkingCopy] | None = None,
     ) -> None:
         self._blobs = blobs
         self._config = config
@@ -129,6 +132,7 @@ class StateStore:
         self._last_snapshot = max([manifest.base, *(s.version for s in manifest.snapshots)])
         self._attempt: str | None = None
         self._before_commit = before_commit
+        self._rebuild = rebuild
         self._job: SnapshotJob | None = None
         self._metrics: list[CommitMetrics] = []
         self.restore_info = restore_info
@@ -172,7 +176,7 @@ class StateStore:
         key = _as_key(key)
         if key in self._pending:
             return self._pending[key]
-        return self._copy.get(key)
+        return self._read(lambda copy: copy.get(key))
 
     def multi_get(self, keys: Iterable[bytes]) -> list[bytes | None]:
         """Values of ``keys`` in order; one RocksDB multi-get for those not written here.
@@ -185,7 +189,8 @@ class StateStore:
         keys = [_as_key(k) for k in keys]
         pending = self._pending
         missing = [k for k in keys if k not in pending]
-        found = dict(zip(missing, self._copy.multi_get(missing), strict=True))
+        values = self._read(lambda copy: copy.multi_get(missing))
+        found = dict(zip(missing, values, strict=True))
         return [pending[k] if k in pending else found[k] for k in keys]
 
     def scan(self, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
@@ -202,7 +207,49 @@ class StateStore:
             raise TypeError(f"prefix must be bytes, got {type(prefix).__name__}")
         prefix = bytes(prefix)
         overlay = sorted((k, v) for k, v in self._pending.items() if k.startswith(prefix))
-        return _merge(self._copy.scan(prefix), overlay)
+        return _merge(self._scan_committed(prefix), overlay)
+
+    def _read(self, read: Callable[[WorkingCopy], _T]) -> _T:
+        """``read`` from the working copy; a damaged copy is rebuilt once, then read again."""
+        try:
+            return read(self._copy)
+        except DamagedCopyError as exc:
+            self._replace_damaged_copy(exc)
+        return read(self._copy)
+
+    def _scan_committed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The working copy's items under ``prefix``; a scan that meets damage goes on
+        after the last key it returned, in the rebuilt copy."""
+        after: bytes | None = None
+        rebuilt = False
+        while True:
+            try:
+                for key, value in self._copy.scan(prefix, after=after):
+                    after = key
+                    yield key, value
+                return
+            except DamagedCopyError as exc:
+                if rebuilt:
+                    raise
+                self._replace_damaged_copy(exc)
+                rebuilt = True
+
+    def _replace_damaged_copy(self, exc: DamagedCopyError) -> None:
+        """Set the damaged working copy aside and restore this store's version from the
+        blob store into a new one; uncommitted writes are kept (they live in memory).
+
+        Raises:
+            StateKeeperError: the store cannot rebuild (it is then failed), or the rebuild
+                failed.
+        """
+        try:
+            if self._rebuild is None:
+                raise exc
+            self._copy.set_aside(exc)
+            self._copy = self._rebuild(self._version)
+        except BaseException:
+            self._state = _State.FAILED
+            raise
 
     # -- writes ---------------------------------------------------------------------------
 
@@ -335,17 +382,25 @@ class StateStore:
             _log.info("changelog %s was written by an earlier try of this commit", key)
         adopted = self._publish(new_version, attempt, order, "changelog", key, records)
         self._apply_locally(records, new_version, adopted or attempt)
-        self._copy.flush_if_due()
         return key, len(blob)
 
     def _apply_locally(
         self, records: list[tuple[bytes, bytes | None]], version: int, attempt: str
     ) -> None:
+        """Apply a committed version to the working copy (with the undo record that steps
+        it back), and flush if due.
+
+        Raises:
+            StateKeeperError: the local write failed (a full disk, a damaged copy): the
+                commit is durable all the same; the store is failed and its copy released.
+        """
         try:
-            self._copy.apply(records, version=version, root_id=self._root_id, attempt=attempt)
-        except StateKeeperError:
-            self._state = _State.FAILED
-            raise
+            self._copy.apply(
+                records, version=version, root_id=self._root_id, attempt=attempt, undo=True
+            )
+            self._copy.flush_if_due()
+        except StateKeeperError as exc:
+            raise self._local_failure(version, attempt, exc, committed=True) from exc
 
     def _commit_snapshot(
         self, records: list[tuple[bytes, bytes | None]], order: Order
@@ -356,9 +411,7 @@ class StateStore:
         assert attempt is not None
         try:
             decide(self._manifest, parent=self._version, attempt=attempt, order=order)
-            self._copy.apply(
-                records, version=new_version, root_id=self._root_id, attempt=attempt, dirty=True
-            )
+            self._apply_dirty(records, new_version, attempt)
             job = SnapshotJob(
                 self._copy, self._operator, self._partition, root_id=self._root_id,
                 manifest=self._manifest, register=False,
@@ -367,12 +420,52 @@ class StateStore:
             if metrics is None:
                 raise StateKeeperError(f"could not snapshot {self!r}: the copy was closed")
             self._publish(new_version, attempt, order, "snapshot", job.index_key, None)
-            self._copy.mark_clean()
         except BaseException:
             self._state = _State.FAILED  # the local copy holds an uncommitted version
             raise
+        try:
+            self._copy.mark_clean()
+        except StateKeeperError as exc:
+            raise self._local_failure(new_version, attempt, exc, committed=True) from exc
         self._last_snapshot = new_version
         return metrics.index_blob, metrics.bytes_uploaded
+
+    def _apply_dirty(
+        self, records: list[tuple[bytes, bytes | None]], version: int, attempt: str
+    ) -> None:
+        """Apply a snapshot-mode commit locally before its upload (dirty until published).
+
+        Raises:
+            StateKeeperError: the local write failed: nothing was committed, and the copy
+                is released.
+        """
+        try:
+            self._copy.apply(
+                records, version=version, root_id=self._root_id, attempt=attempt, dirty=True,
+                undo=True,
+            )  # fmt: skip
+        except StateKeeperError as exc:
+            raise self._local_failure(version, attempt, exc, committed=False) from exc
+
+    def _local_failure(
+        self, version: int, attempt: str, exc: StateKeeperError, *, committed: bool
+    ) -> StateKeeperError:
+        """Fail the store and release its working copy after a local write failed; the
+        error to raise says whether ``version`` is committed all the same."""
+        self._state = _State.FAILED
+        self._copy.close(flush=False)
+        store = f"store {self._operator}/{self._partition}"
+        if committed:
+            what = (
+                f"version {version} of {store} IS committed (durable in the blob store, "
+                f"attempt {attempt}), but the local working copy could not record it"
+            )
+        else:
+            what = f"version {version} of {store} was NOT committed (nothing was published)"
+        return StateKeeperError(
+            f"{what}: {exc}. The store is closed and its working copy released; reopen it "
+            "(once the local disk has room): it catches up from the blob store"
+        )
 
     def _refuse_early(
         self, version: int, attempt: str, order: Order, records: list[tuple[bytes, bytes | None]]

@@ -1,17 +1,24 @@
 """The local RocksDB working copy of one store.
 
 User keys live in the database as they are; the committed version, the id of the root the
-copy belongs to and a dirty flag live under the empty key ``b""``, which users cannot write
-(keys must be non-empty) and which scans skip. Every change is applied in one
-``WriteBatch`` together with the new label, and there is one column family, so whatever a
-flush or a crash leaves on disk is some committed version, labelled correctly (invariant 3).
-(A separate column family would need every flush to cover both families atomically, and
-rocksdict's ``flush`` covers only the default one.)
+copy belongs to, a dirty flag and the undo record of the last commit live under the empty key
+``b""`` (:mod:`statekeeper.store._label`), which users cannot write (keys must be non-empty)
+and which scans skip. Every change is applied in one ``WriteBatch`` together with the new
+label, and there is one column family, so whatever a flush or a crash leaves on disk is some
+committed version, labelled correctly, with the undo record that steps it back to its parent
+(invariant 3). (A separate column family would need every flush to cover both families
+atomically, and rocksdict's ``flush`` covers only the default one.)
 
 The write-ahead log is disabled: durability comes from the changelogs in the blob store. A
 hard crash may therefore set the local copy back to its last flush; ``flush_if_due`` bounds
 that distance in time (the Kafka Streams checkpoint interval), and the store catches up by
 replaying changelogs on the next open.
+
+The copy is a cache of the blob store: one that RocksDB cannot open or read, for any reason
+but another process holding it, is set aside and rebuilt (:mod:`statekeeper.store._local_disk`
+says how the cause is told, never from RocksDB's message). Reads raise
+:class:`DamagedCopyError` for the store to rebuild; writes and flushes raise a
+:class:`StateKeeperError` that says how much room the disk has left.
 """
 
 from __future__ import annotations
@@ -21,7 +28,6 @@ import json
 import logging
 import os
 import shutil
-import struct
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -29,23 +35,32 @@ from collections.abc import Iterable, Iterator
 import rocksdict
 
 from statekeeper.errors import StateKeeperError
-from statekeeper.manifest import LEGACY_ATTEMPT
+from statekeeper.store._label import (
+    Label,
+    decode_undo,
+    encode_undo,
+    pack_label,
+    parse_label,
+)
+from statekeeper.store._local_disk import (
+    LOW_SPACE_BYTES,
+    DamagedCopyError,
+    disk_note,
+    free_bytes,
+    holding_lock,
+    set_aside,
+)
 
-__all__ = ["WorkingCopy"]
+__all__ = ["DamagedCopyError", "WorkingCopy"]
 
 _log = logging.getLogger(__name__)
 
 LABEL_KEY = b""
-# Label value: version (uint64), dirty flag (uint8), then the root id in UTF-8 and, from
-# format 2, a NUL and the id of the attempt whose content the version is. The dirty
-# flag is set while the data holds a version not yet durable in the blob store (snapshot
-# mode applies locally before the snapshot upload that commits it); such a copy is never
-# reused as a committed version.
-_LABEL = struct.Struct(">QB")
 _SCAN_CHUNK = 1024
 
 # Directories with an open working copy in this process: RocksDB refuses a second handle on
-# one directory, and a clear error is better than its LOCK message.
+# one directory, and a clear error is better than its LOCK message. It also keeps the lock
+# probe of _local_disk away from a directory this process holds.
 _open_paths: set[str] = set()
 _open_paths_lock = threading.Lock()
 
@@ -72,11 +87,12 @@ class WorkingCopy:
     """
 
     def __init__(self, path: str, *, write_buffer_mb: int, checkpoint_interval_s: float) -> None:
-        """Open (creating if needed) the working copy at ``path``.
+        """Open (creating if needed) the working copy at ``path``; one that RocksDB cannot
+        open, or whose label cannot be read, is set aside and a new one created.
 
         Raises:
-            StateKeeperError: the directory is already open in this process, is locked by
-                another process, or RocksDB cannot open it.
+            StateKeeperError: the directory is already open in this process or in use by
+                another process, the disk is full, or a new copy cannot be created either.
         """
         self.path = os.path.abspath(path)
         self._checkpoint_interval_s = checkpoint_interval_s
@@ -89,7 +105,7 @@ class WorkingCopy:
             _open_paths.add(self.path)
         try:
             self._opts = _options(write_buffer_mb)
-            self._db = self._open_db()
+            self._db, self._label = self._open_db()
         except BaseException:
             with _open_paths_lock:
                 _open_paths.discard(self.path)
@@ -103,93 +119,125 @@ class WorkingCopy:
         # snapshot thread must hold exactly one labelled version.
         self._lock = threading.Lock()
 
-    def _open_db(self) -> rocksdict.Rdict:
-        """Open the database; a directory RocksDB cannot open is discarded and recreated.
-
-        The local copy is only a cache of the blob store, so an unreadable one (a restore
-        interrupted half way, a disk error) costs a download, never state.
-        """
-        for attempt in (1, 2):
-            os.makedirs(self.path, exist_ok=True)
+    def _open_db(self) -> tuple[rocksdict.Rdict, Label | None]:
+        """Open the database and read its label; a copy that fails either is set aside and
+        a new one created (the copy is a cache: damage costs a download, never state)."""
+        for fresh in (False, True):
             try:
-                return rocksdict.Rdict(self.path, self._opts)
-            except Exception as exc:
-                if "lock" in str(exc).lower() or attempt == 2:
-                    busy = " (is another process using it?)" if "lock" in str(exc).lower() else ""
-                    raise StateKeeperError(
-                        f"cannot open the local working copy {self.path}: {exc}{busy}"
-                    ) from exc
-                _log.warning("discarding unreadable local working copy %s: %s", self.path, exc)
-                shutil.rmtree(self.path, ignore_errors=True)
-                self.set_lineage(None, 0)
+                os.makedirs(self.path, exist_ok=True)
+                db = rocksdict.Rdict(self.path, self._opts)
+            except Exception as exc:  # noqa: BLE001 - rocksdict raises a bare Exception
+                failure: Exception = exc
+            else:
+                try:
+                    raw = db.get(LABEL_KEY)
+                    return db, None if raw is None else parse_label(bytes(raw))[0]
+                except Exception as exc:  # noqa: BLE001 - damage met at the first read
+                    failure = exc
+                    db.close()
+            if fresh:
+                raise StateKeeperError(
+                    f"cannot create the local working copy {self.path}: {failure}; "
+                    f"{disk_note(self.path)}"
+                ) from failure
+            free = free_bytes(self.path)
+            if free is not None and free < LOW_SPACE_BYTES:
+                raise StateKeeperError(
+                    f"cannot open the local working copy {self.path}: {failure}; "
+                    f"{disk_note(self.path)}"
+                ) from failure
+            with holding_lock(self.path, failure):  # raises if another process has it
+                set_aside(self.path, failure)
+            self.set_lineage(None, 0)
         raise AssertionError("unreachable")
 
-    # -- labels ---------------------------------------------------------------------------
+    def set_aside(self, reason: BaseException | str) -> str:
+        """Close (without flushing) and rename the copy out of the way, kept for inspection;
+        returns its new name. The next open at :attr:`path` starts a new copy.
 
-    def _label(self) -> tuple[int, bool, str, str] | None:
-        raw = self._db.get(LABEL_KEY)
-        if raw is None:
-            return None
-        raw = bytes(raw)
-        version, dirty = _LABEL.unpack_from(raw)
-        root_id, _, attempt = raw[_LABEL.size :].decode("utf-8").partition("\0")
-        if not attempt and version:
-            attempt = LEGACY_ATTEMPT  # labelled by statekeeper 0.1
-        return int(version), bool(dirty), root_id, attempt
+        Raises:
+            StateKeeperError: the rename failed, or another process opened the copy.
+        """
+        self.close(flush=False)
+        with holding_lock(self.path, reason if isinstance(reason, BaseException) else None):
+            aside = set_aside(self.path, reason)
+        self.set_lineage(None, 0)
+        return aside
+
+    # -- labels ---------------------------------------------------------------------------
 
     @property
     def attempt(self) -> str:
         """The attempt whose content the labelled version is (``""`` if unlabelled or 0)."""
-        label = self._label()
-        return "" if label is None else label[3]
+        return "" if self._label is None else self._label.attempt
 
     @property
     def version(self) -> int | None:
         """The committed version this copy holds, or ``None`` if fresh or not trustworthy."""
-        label = self._label()
-        return None if label is None or label[1] else label[0]
+        label = self._label
+        return None if label is None or label.dirty else label.version
 
     @property
     def label(self) -> int | None:
         """The version label as written, committed or not."""
-        label = self._label()
-        return None if label is None else label[0]
+        return None if self._label is None else self._label.version
 
     @property
     def dirty(self) -> bool:
         """True if the data holds a version not yet committed to the blob store."""
-        label = self._label()
-        return label is not None and label[1]
+        return self._label is not None and self._label.dirty
 
     @property
     def root_id(self) -> str | None:
         """The id of the checkpoint root this copy was built from, if labelled."""
-        label = self._label()
-        return None if label is None else label[2]
+        return None if self._label is None else self._label.root_id
+
+    @property
+    def can_step_back(self) -> bool:
+        """True if the copy keeps the undo record of the commit that made its version."""
+        return self._label is not None and self._label.has_undo
 
     # -- reads ----------------------------------------------------------------------------
 
     def get(self, key: bytes) -> bytes | None:
-        """The committed value of ``key``."""
-        value = self._db.get(key)
+        """The committed value of ``key``.
+
+        Raises:
+            DamagedCopyError: RocksDB failed the read.
+        """
+        try:
+            value = self._db.get(key)
+        except Exception as exc:  # rocksdict raises a bare Exception for every failure
+            raise DamagedCopyError(self.path, exc) from exc
         return None if value is None else bytes(value)
 
     def multi_get(self, keys: list[bytes]) -> list[bytes | None]:
-        """Committed values of ``keys``, in order (one RocksDB multi-get)."""
+        """Committed values of ``keys``, in order (one RocksDB multi-get).
+
+        Raises:
+            DamagedCopyError: RocksDB failed the read.
+        """
         if not keys:
             return []
-        values = self._db.get(keys)  # type: ignore[arg-type]
+        try:
+            values = self._db.get(keys)  # type: ignore[arg-type]
+        except Exception as exc:  # rocksdict raises a bare Exception for every failure
+            raise DamagedCopyError(self.path, exc) from exc
         assert isinstance(values, list)
         return [None if v is None else bytes(v) for v in values]
 
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Committed items whose key starts with ``prefix``, sorted by key.
+    def scan(self, prefix: bytes, *, after: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Committed items whose key starts with ``prefix`` (and is above ``after``, if
+        given), sorted by key.
 
         Reads in chunks with a fresh iterator each time, so no RocksDB iterator outlives a
         chunk (an abandoned generator must not keep the database open).
+
+        Raises:
+            DamagedCopyError: RocksDB failed the read (never a silently shorter scan).
         """
-        start: bytes | None = prefix
-        inclusive = True
+        start: bytes | None = prefix if after is None else after
+        inclusive = after is None
         while start is not None:
             chunk, start = self._scan_chunk(start, prefix, inclusive)
             inclusive = False
@@ -211,9 +259,17 @@ class WorkingCopy:
                     return out, None
                 out.append((key, bytes(it.value())))
                 it.next()
+            # An iterator that met an error is merely invalid: ask, or the scan ends early.
+            it.status()
             return out, (out[-1][0] if it.valid() and out else None)
+        except Exception as exc:  # rocksdict raises a bare Exception for every failure
+            raise DamagedCopyError(self.path, exc) from exc
         finally:
             del it
+
+    def _raw_label(self) -> bytes | None:
+        raw = self.get(LABEL_KEY)
+        return None if raw is None else bytes(raw)
 
     # -- writes ---------------------------------------------------------------------------
 
@@ -225,44 +281,93 @@ class WorkingCopy:
         root_id: str,
         attempt: str,
         dirty: bool = False,
+        undo: bool = False,
     ) -> None:
         """Apply puts (value) and deletes (``None``) and label the copy ``version`` of
         ``attempt``, atomically.
 
         With ``dirty`` the copy is also marked as holding a version not yet durable in the
-        blob store, until :meth:`mark_clean`.
+        blob store, until :meth:`mark_clean`. With ``undo`` (a commit on top of the labelled
+        version) the label also keeps the old values of the changed keys, so that
+        :meth:`step_back` can return to the labelled version without a download.
 
         Raises:
+            DamagedCopyError: reading the old values failed.
             StateKeeperError: RocksDB failed the write; the copy keeps its previous version.
         """
+        changes = list(changes)
+        record = self._undo_record(changes) if undo else None
         batch = rocksdict.WriteBatch(raw_mode=True)
         for key, value in changes:
             if value is None:
                 batch.delete(key)
             else:
                 batch.put(key, value)
-        label = root_id + ("\0" + attempt if attempt else "")
-        batch.put(LABEL_KEY, _LABEL.pack(version, dirty) + label.encode("utf-8"))
+        label = pack_label(version, dirty=dirty, root_id=root_id, attempt=attempt, undo=record)
+        batch.put(LABEL_KEY, label)
         self._write(batch)
+        self._label = parse_label(label)[0]
+
+    def _undo_record(self, changes: list[tuple[bytes, bytes | None]]) -> bytes | None:
+        """The undo record of ``changes`` on top of the labelled version, if it has one."""
+        parent = self._label
+        if parent is None or parent.dirty:
+            return None
+        keys = [key for key, _ in changes]
+        old = zip(keys, self.multi_get(keys), strict=True)
+        return encode_undo(parent.version, parent.attempt, old)
+
+    def step_back(self, *, version: int, attempt: str) -> bool:
+        """Return the copy to ``version`` of ``attempt`` with one write, if its last commit
+        was built on exactly that and kept its undo record; True if it did.
+
+        Raises:
+            DamagedCopyError: reading the label failed.
+            StateKeeperError: RocksDB failed the write; the copy is unchanged.
+        """
+        label = self._label
+        if label is None or not label.has_undo or label.version != version + 1:
+            return False
+        raw = self._raw_label()
+        record = None if raw is None else parse_label(raw)[1]
+        undo = None if record is None else decode_undo(record)
+        if undo is None or (undo.parent_version, undo.parent_attempt) != (version, attempt):
+            return False
+        self.apply(undo.changes, version=version, root_id=label.root_id, attempt=attempt)
+        _log.info(
+            "stepped the local working copy %s back from version %s (attempt %s) to %s "
+            "(attempt %s): %s keys restored, nothing downloaded",
+            self.path, label.version, label.attempt, version, attempt, len(undo.changes),
+        )  # fmt: skip
+        return True
 
     def mark_clean(self) -> None:
-        """Record that the labelled version is durable in the blob store.
+        """Record that the labelled version is durable in the blob store (its undo record
+        is kept).
 
         Raises:
             StateKeeperError: the copy is unlabelled, or RocksDB failed the write.
         """
-        label = self._label()
-        if label is None:
+        label = self._label
+        raw = self._raw_label()
+        if label is None or raw is None:
             raise StateKeeperError(f"the local working copy {self.path} holds no version")
-        self.apply((), version=label[0], root_id=label[2], attempt=label[3])
+        record = parse_label(raw)[1]
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        batch.put(LABEL_KEY, pack_label(
+            label.version, dirty=False, root_id=label.root_id, attempt=label.attempt,
+            undo=record,
+        ))  # fmt: skip
+        self._write(batch)
+        self._label = Label(label.version, False, label.root_id, label.attempt, label.has_undo)
 
     def _write(self, batch: rocksdict.WriteBatch) -> None:
         try:
             with self._lock:
                 self._db.write(batch, self._write_opts)
-        except Exception as exc:
+        except Exception as exc:  # rocksdict raises a bare Exception for every failure
             raise StateKeeperError(
-                f"cannot write to the local working copy {self.path}: {exc}"
+                f"cannot write to the local working copy {self.path}: {exc}; {disk_note(self.path)}"
             ) from exc
 
     def checkpoint(self, path: str) -> tuple[int, str]:
@@ -275,45 +380,72 @@ class WorkingCopy:
         with self._lock:
             if self._closed:
                 raise StateKeeperError(f"the local working copy {self.path} is closed")
-            label = self._label()
+            label = self._label
             if label is None:
                 raise StateKeeperError(f"the local working copy {self.path} holds no version")
             try:
                 rocksdict.Checkpoint(self._db).create_checkpoint(path)
-            except Exception as exc:
+            except Exception as exc:  # rocksdict raises a bare Exception for every failure
                 raise StateKeeperError(
-                    f"cannot create a checkpoint of {self.path} at {path}: {exc}"
+                    f"cannot create a checkpoint of {self.path} at {path}: {exc}; {disk_note(path)}"
                 ) from exc
             # The checkpoint flushed the memtables: the copy is durable up to here too.
             self._last_flush = time.monotonic()
-        return label[0], label[3]
+        return label.version, label.attempt
 
     def flush_if_due(self) -> bool:
-        """Flush memtables if the local checkpoint interval has passed; True if flushed."""
+        """Flush memtables if the local checkpoint interval has passed; True if flushed.
+
+        Raises:
+            StateKeeperError: the flush failed (a full disk, say).
+        """
         if time.monotonic() - self._last_flush < self._checkpoint_interval_s:
             return False
         self.flush()
         return True
 
     def flush(self) -> None:
-        """Make the current committed version durable on local disk."""
-        with self._lock:
-            self._db.flush(wait=True)
+        """Make the current committed version durable on local disk.
+
+        Raises:
+            StateKeeperError: RocksDB failed the flush; the message says how full the disk is.
+        """
+        try:
+            with self._lock:
+                self._db.flush(wait=True)
+        except Exception as exc:  # rocksdict raises a bare Exception for every failure
+            raise StateKeeperError(
+                f"cannot flush the local working copy {self.path} to disk: {exc}; "
+                f"{disk_note(self.path)}"
+            ) from exc
         self._last_flush = time.monotonic()
 
     def close(self, *, flush: bool = True) -> None:
-        """Flush (unless told not to) and release the database. Idempotent."""
+        """Flush (unless told not to) and release the database, always. Idempotent.
+
+        A failed flush is logged, not raised: the versions it would have made durable
+        locally are durable in the blob store, and the next open catches up from there.
+        """
         if self._closed:
             return
         try:
             if flush:
-                self.flush()
-            with self._lock:
-                self._closed = True
-                self._db.close()
+                try:
+                    self.flush()
+                except StateKeeperError as exc:
+                    _log.warning("%s; closing it anyway: the next open catches up", exc)
         finally:
-            with _open_paths_lock:
-                _open_paths.discard(self.path)
+            try:
+                with self._lock:
+                    self._closed = True
+                    self._db.close()
+            except Exception as exc:  # noqa: BLE001 - rocksdict raises a bare Exception
+                # rocksdict has released the database all the same (its LOCK is free): a
+                # close after a failed flush reports that flush's error again.
+                _log.warning("closing the local working copy %s reported: %s", self.path, exc)
+            finally:
+                with _open_paths_lock:
+                    _open_paths.discard(self.path)
 
     def destroy(self) -> None:
         """Close and delete the working copy directory and its lineage record."""

@@ -1,0 +1,150 @@
+"""A damaged local working copy is set aside and rebuilt from the root; a locked one is not.
+
+The damage is real: a byte of an SST file of the working copy is flipped on disk, as a bad
+sector or a torn write would leave it, and the store is opened (and read) again.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import statekeeper as sk
+from statekeeper.storage import LocalBlobStore
+
+KEYS = 3000
+
+
+def _value(i: int) -> bytes:
+    # Incompressible, so the SST holds many data blocks and a flipped byte lands in one.
+    return random.Random(i).randbytes(100)
+
+
+def _backend(root: Path, local: Path) -> sk.StateBackend:
+    config = sk.StoreConfig(local_dir=str(local), snapshot_every=10_000, io_threads=2)
+    return sk.StateBackend(LocalBlobStore(str(root)), config=config)
+
+
+def _committed(tmp_path: Path) -> tuple[sk.StateBackend, Path]:
+    """A store with two commits whose working copy is closed (flushed to one SST)."""
+    backend = _backend(tmp_path / "root", tmp_path / "local")
+    with backend.open("op", 0) as store:
+        for i in range(KEYS // 2):
+            store.put(b"k%05d" % i, _value(i))
+        store.commit()
+        for i in range(KEYS // 2, KEYS):
+            store.put(b"k%05d" % i, _value(i))
+        store.commit()
+    return backend, Path(backend.local_path("op", 0))
+
+
+def _flip(sst: Path, offset: int) -> None:
+    with open(sst, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _ssts(copy: Path) -> list[Path]:
+    found = sorted(copy.glob("*.sst"))
+    assert found, f"no SST in {copy}"
+    return found
+
+
+def _aside(copy: Path) -> list[Path]:
+    return sorted(p for p in copy.parent.iterdir() if p.name.startswith(copy.name + ".damaged"))
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> str:
+    return " ".join(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+
+
+def test_damage_met_at_open_sets_the_copy_aside_and_restores(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend, copy = _committed(tmp_path)
+    for sst in _ssts(copy):
+        _flip(sst, 40)  # the first data block, which holds the version label (key b"")
+    with caplog.at_level(logging.WARNING), backend.open("op", 0) as store:
+        assert store.version == 2
+        assert store.restore_info.base_kind == "empty"
+        assert store.get(b"k00007") == _value(7)
+        assert len(dict(store.scan())) == KEYS
+    aside = _aside(copy)
+    assert len(aside) == 1, sorted(p.name for p in copy.parent.iterdir())
+    assert list(aside[0].glob("*.sst")), "the damaged copy is kept for inspection"
+    assert str(aside[0]) in _warnings(caplog)
+    assert str(copy) in _warnings(caplog)
+
+
+def test_damage_met_at_first_read_rebuilds_and_answers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend, copy = _committed(tmp_path)
+    sst = max(_ssts(copy), key=lambda p: p.stat().st_size)
+    _flip(sst, sst.stat().st_size // 3)  # a data block in the middle, not the label's
+    with caplog.at_level(logging.WARNING), backend.open("op", 0) as store:
+        assert store.restore_info.base_kind == "local"  # the label read fine
+        store.put(b"pending", b"kept")
+        values = store.multi_get([b"k%05d" % i for i in range(KEYS)])
+        assert values == [_value(i) for i in range(KEYS)]
+        assert store.get(b"pending") == b"kept"  # uncommitted writes survive the rebuild
+        store.commit()
+        assert store.version == 3
+    assert len(_aside(copy)) == 1
+    assert "set aside" in _warnings(caplog)
+    with _backend(tmp_path / "root", tmp_path / "fresh").open("op", 0) as store:
+        assert store.get(b"pending") == b"kept"
+        assert store.get(b"k02999") == _value(2999)
+
+
+def test_damage_met_in_a_scan_resumes_after_the_last_key(tmp_path: Path) -> None:
+    backend, copy = _committed(tmp_path)
+    sst = max(_ssts(copy), key=lambda p: p.stat().st_size)
+    _flip(sst, sst.stat().st_size // 2)
+    with backend.open("op", 0) as store:
+        items = list(store.scan(b"k"))
+    assert items == [(b"k%05d" % i, _value(i)) for i in range(KEYS)]
+    assert len(_aside(copy)) == 1
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, rocksdict
+    db = rocksdict.Rdict(sys.argv[1], rocksdict.Options(raw_mode=True))
+    print("ready", flush=True)
+    sys.stdin.readline()
+    db.close()
+    """
+)
+
+
+def test_a_copy_locked_by_another_process_is_refused_and_left_alone(tmp_path: Path) -> None:
+    backend, copy = _committed(tmp_path)
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(copy)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    ) as holder:  # fmt: skip
+        assert holder.stdin is not None
+        assert holder.stdout is not None
+        try:
+            assert holder.stdout.readline().strip() == "ready"
+            with pytest.raises(sk.StateKeeperError, match="another process") as caught:
+                backend.open("op", 0)
+            assert str(copy) in str(caught.value)
+            assert _aside(copy) == []
+        finally:
+            holder.stdin.write("\n")
+            holder.stdin.flush()
+            holder.wait(timeout=30)
+    with backend.open("op", 0) as store:  # once released, the same copy is reused as is
+        assert store.restore_info.base_kind == "local"
+        assert store.get(b"k00001") == _value(1)
+    assert _aside(copy) == []
