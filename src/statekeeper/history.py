@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from statekeeper import layout
+from statekeeper.changelog import ChangelogIdentity
 from statekeeper.errors import StateKeeperError, StateNotFoundError
 from statekeeper.manifest import (
     LEGACY_ATTEMPT,
@@ -243,6 +244,13 @@ class StoreHistory:
         # A version a manifest does not retain has no known attempt: no local copy matches.
         return self.attempts.get(version, LEGACY_ATTEMPT if self.manifest is None else "")
 
+    def changelog_identity(self, version: int, root_id: str) -> tuple[ChangelogIdentity, bool]:
+        """What the changelog of ``version`` must say it is (root, store, attempt), and
+        whether a blob without identity is acceptable there (a version of statekeeper 0.1)."""
+        attempt = self.attempt(version)
+        identity = ChangelogIdentity(root_id, self.operator, self.partition, attempt)
+        return identity, attempt == LEGACY_ATTEMPT
+
     def as_manifest(self, root_id: str) -> StoreManifest:
         """The manifest a store's first format-2 commit builds on: this history's own, or,
         for a format-1 store, seq 0 stating the same versions (never written as such: the
@@ -351,7 +359,24 @@ class StoreHistory:
         raise StateNotFoundError(
             f"version {version} of store {self.operator}/{self.partition} does not exist: "
             f"restorable versions are {ranges(set(self.restorable_versions())) or 'none'}"
+            + self._what_is_missing(version)
         )
+
+    def _what_is_missing(self, version: int) -> str:
+        """For an error: what a restore of the committed ``version`` lacks (the first
+        changelog missing after the newest base below it, or a base); ``""`` if ``version``
+        was never committed."""
+        committed = self.changelogs | self.snapshots
+        if not committed or version > max(committed):
+            return ""
+        below = [b for b in self._bases() if b <= version]
+        if not below:
+            return f"; no snapshot at or below version {version} (nor changelog 1) exists"
+        base = max(below)
+        gap = next((v for v in range(base + 1, version + 1) if v not in self.changelogs), None)
+        if gap is None:
+            return ""
+        return f"; changelog {self.changelog_key(gap)} (version {gap}) is missing"
 
 
 def ranges(values: set[int] | frozenset[int]) -> str:

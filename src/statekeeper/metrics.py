@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from statekeeper import layout
-from statekeeper.changelog import HEADER_SIZE, read_header
+from statekeeper.changelog import MAX_HEADER_SIZE, read_header
 from statekeeper.errors import CorruptStateError, StateNotFoundError
 from statekeeper.history import RootListing, StoreHistory
 from statekeeper.snapshot import SnapshotIndex, load_index, referenced_blob_ids
@@ -227,7 +227,7 @@ def commit_history(
 
     Bytes and records come from the commits themselves: a changelog commit's size is its
     blob's and its record count is in its header (one ranged read of
-    :data:`~statekeeper.changelog.HEADER_SIZE` bytes each, ``io_threads`` at a time); a
+    :data:`~statekeeper.changelog.MAX_HEADER_SIZE` bytes at most each, ``io_threads`` at a time); a
     snapshot-mode commit's bytes are its index plus the file blobs it added over the
     previous snapshot. Latency is not derivable from blobs (their modification times measure
     the gaps between batches, not commits): it comes from commit-metrics blobs only.
@@ -285,7 +285,7 @@ def _record_counts(
 
     def count(v: int) -> int:
         key = history.changelog_key(v)
-        header = read_header(blobs.get_range(key, 0, HEADER_SIZE), blob=key)
+        header = read_header(blobs.get_range(key, 0, MAX_HEADER_SIZE), blob=key)
         if on_header is not None:
             on_header()
         return header.record_count

@@ -5,6 +5,15 @@ snapshot index (parsed strictly), every file blob an index references (present, 
 chunk size the index implies), and that every committed version is restorable. Deep checks
 download everything and verify every CRC32C: changelog envelopes and whole files against
 their index.
+
+Identity and lineage: every changelog header and snapshot index must name the root, store,
+version and attempt it is stored for (the manifest's entry; for a format-1 store, its key),
+so a blob copied over another's name is reported; the newest manifest must be readable (a
+damaged newer one, which readers skip, is reported), and its chain of versions is checked
+as it is read. A garbage collection that died half way is not damage: blobs of versions
+below the oldest base from which the newest version is restorable are what GC removes (its
+next run finishes the job), so they are listed in :attr:`VerifyReport.expired`, never as
+problems.
 """
 
 from __future__ import annotations
@@ -18,12 +27,29 @@ from dataclasses import dataclass, field
 import google_crc32c
 
 from statekeeper import layout
-from statekeeper.changelog import HEADER_SIZE, decode_changelog, read_header
+from statekeeper.changelog import (
+    MAX_HEADER_SIZE,
+    ChangelogIdentity,
+    check_identity,
+    decode_changelog,
+    read_header,
+)
 from statekeeper.errors import CorruptStateError, StateKeeperError, StateNotFoundError
 from statekeeper.history import StoreHistory, ranges
-from statekeeper.manifest import read_newest_manifest
+from statekeeper.manifest import (
+    LEGACY_ATTEMPT,
+    StoreManifest,
+    decode_manifest,
+    read_newest_manifest,
+)
 from statekeeper.metrics import decode_commit_metrics
-from statekeeper.snapshot import FileIndex, SnapshotIndex, iter_files
+from statekeeper.snapshot import (
+    FileIndex,
+    SnapshotIndex,
+    SnapshotMetadata,
+    check_metadata,
+    iter_files,
+)
 from statekeeper.storage import BlobMeta, BlobStore
 
 __all__ = ["Problem", "VerifyReport", "verify_root"]
@@ -40,7 +66,8 @@ class Problem:
     store: str
     blob: str
     kind: str
-    """``"missing"``, ``"corrupt"`` or ``"unrestorable"``."""
+    """``"missing"``, ``"corrupt"`` or ``"unrestorable"`` (``"expired"`` in
+    :attr:`VerifyReport.expired`)."""
     message: str
 
 
@@ -50,6 +77,9 @@ class VerifyReport:
 
     deep: bool
     problems: list[Problem] = field(default_factory=list)
+    expired: list[Problem] = field(default_factory=list)
+    """Not problems: versions below a store's oldest base that a garbage collection has not
+    finished removing (a GC in progress, or one that died half way)."""
     stores: int = 0
     blobs_checked: int = 0
     bytes_checked: int = 0
@@ -92,9 +122,9 @@ def verify_root(
     total = sum(len(metas) for _, _, metas in stores)
     for operator, partition, metas in stores:
         report.stores += 1
-        check = _StoreCheck(blobs, operator, partition, metas, report, deep)
+        check = _StoreCheck(blobs, operator, partition, metas, report, deep, root_id)
         if any(layout.parse_manifest_key(m.key) is not None for m in metas):
-            check.run_manifest(progress, total, root_id)
+            check.run_manifest(progress, total)
         else:
             check.run(progress, total)
     if progress is not None:
@@ -132,51 +162,62 @@ class _StoreCheck:
         metas: list[BlobMeta],
         report: VerifyReport,
         deep: bool,
+        root_id: str,
     ) -> None:
         self.blobs, self.operator, self.partition = blobs, operator, partition
         self.store = f"{operator}/{partition}"
         self.metas = {m.key: m for m in metas}
-        self.report, self.deep = report, deep
+        self.report, self.deep, self.root_id = report, deep, root_id
 
     def problem(self, blob: str, kind: str, message: str) -> None:
         self.report.problems.append(Problem(self.store, blob, kind, message))
 
     def run(self, progress: Progress | None, total: int) -> None:
+        """Check a format-1 store from its listing: every blob is named by its version."""
         changelogs = {v: k for k in self.metas if (v := layout.parse_changelog_key(k)) is not None}
         indexes = {v: k for k in self.metas if (v := layout.parse_snapshot_key(k)) is not None}
         prev_keys: set[str] = set()
-        for key in indexes.values():
-            index = self._load_index(key)
+        broken: set[int] = set()
+        for version, key in indexes.items():
+            index = self._load_index(key, version, LEGACY_ATTEMPT)
             self._advance(progress, total)
-            if index is not None:
-                if index.prev_snapshot_index_blob_id:
-                    prev_keys.add(index.prev_snapshot_index_blob_id)
-                for rel, entry in iter_files(index.dir_index):
-                    self._check_file(key, rel, entry)
-        for key in changelogs.values():
-            self._check_changelog(key)
+            if index is None:
+                broken.add(version)
+                continue
+            if index.prev_snapshot_index_blob_id:
+                prev_keys.add(index.prev_snapshot_index_blob_id)
+            for rel, entry in iter_files(index.dir_index):
+                self._check_file(key, rel, entry)
+        for version, key in changelogs.items():
+            if not self._check_changelog(key, version, LEGACY_ATTEMPT):
+                broken.add(version)
             self._advance(progress, total)
         for key in self.metas:
             if layout.parse_metrics_key(key) is not None:
                 self._check_metrics(key)
-        self._check_restorable(changelogs, indexes, prev_keys - set(self.metas))
+        self._check_restorable(changelogs, indexes, prev_keys - set(self.metas), broken)
         self._advance(progress, total)
 
-    def run_manifest(self, progress: Progress | None, total: int, root_id: str) -> None:
-        """Check what the newest manifest names (format 2)."""
+    def run_manifest(self, progress: Progress | None, total: int) -> None:
+        """Check what the newest manifest names (format 2): its lineage, and that every blob
+        it names is there, intact, and of the root, store, version and attempt it says."""
         try:
             manifest = read_newest_manifest(
-                self.blobs, root_id=root_id, operator=self.operator, partition=self.partition,
-                keys=list(self.metas),
+                self.blobs, root_id=self.root_id, operator=self.operator,
+                partition=self.partition, keys=list(self.metas),
             )  # fmt: skip
         except CorruptStateError as exc:
             self.problem(layout.manifest_prefix(self.operator, self.partition), "corrupt", str(exc))
             return
         assert manifest is not None
+        self._check_newer_manifests(manifest)
         broken: set[int] = set()
-        indexes = {s.version: s.index_blob for s in manifest.snapshots}
-        for version, key in indexes.items():
-            index = self._load_index(key, version)
+        indexes = {s.version: (s.index_blob, s.attempt) for s in manifest.snapshots}
+        for ve in manifest.versions:
+            if ve.kind == "snapshot" and ve.version not in indexes:
+                indexes[ve.version] = (ve.blob, ve.attempt)
+        for version, (key, attempt) in sorted(indexes.items()):
+            index = self._load_index(key, version, attempt, manifest.root_id)
             self._advance(progress, total)
             if index is None:
                 broken.add(version)
@@ -188,11 +229,33 @@ class _StoreCheck:
                 broken.add(version)
         for ve in manifest.versions:
             if ve.kind == "changelog":
-                before = len(self.report.problems)
-                self._check_changelog(ve.blob, ve.version)
-                self._advance(progress, total)
-                if len(self.report.problems) > before:
+                if not self._check_changelog(ve.blob, ve.version, ve.attempt, manifest.root_id):
                     broken.add(ve.version)
+                self._advance(progress, total)
+        self._check_manifest_restorable(manifest, broken)
+
+    def _check_newer_manifests(self, manifest: StoreManifest) -> None:
+        """A newer manifest than the one read failed its checks (readers skip it with a
+        warning): the store's lineage is damaged there."""
+        for key in sorted(self.metas):
+            seq = layout.parse_manifest_key(key)
+            if seq is None or seq <= manifest.seq:
+                continue
+            try:
+                decode_manifest(
+                    self.blobs.get(key), blob=key, root_id=self.root_id,
+                    operator=self.operator, partition=self.partition,
+                )  # fmt: skip
+                why = f"it is readable now, but was not when manifest {manifest.seq} was read"
+            except (CorruptStateError, StateNotFoundError) as exc:
+                why = str(exc)
+            self.problem(
+                key, "corrupt",
+                f"store {self.store}: manifest {key} is newer than the one readers use "
+                f"({manifest.seq}) and is skipped: {why}",
+            )  # fmt: skip
+
+    def _check_manifest_restorable(self, manifest: StoreManifest, broken: set[int]) -> None:
         history = StoreHistory.from_manifest(manifest)
         # What a restore can still reach, falling back past broken snapshots (invariant 6).
         usable = dataclasses.replace(
@@ -212,19 +275,36 @@ class _StoreCheck:
             progress(self.report.blobs_checked, total)
 
     def _check_restorable(
-        self, changelogs: dict[int, str], indexes: dict[int, str], missing_prev: set[str]
+        self,
+        changelogs: dict[int, str],
+        indexes: dict[int, str],
+        missing_prev: set[str],
+        broken: set[int],
     ) -> None:
-        history = StoreHistory(
-            self.operator, self.partition, frozenset(changelogs), frozenset(indexes)
-        )
+        """Format 1: every committed version restorable, or below the oldest base GC keeps."""
+        usable = StoreHistory(
+            self.operator, self.partition, frozenset(changelogs) - broken,
+            frozenset(indexes) - broken,
+        )  # fmt: skip
         committed = set(changelogs) | set(indexes)
+        floor = _oldest_base(usable, max(committed, default=0))
         # Every committed version has a changelog or an index, and gc only removes the
-        # oldest ones: a hole between two committed versions is a missing blob.
+        # oldest ones: a hole between two committed versions is a missing blob, unless it is
+        # below the oldest base that reaches the newest version (a gc that died half way).
         for v in range(min(committed, default=0) + 1, max(committed, default=0)):
             if v not in committed:
                 key = layout.changelog_key(self.operator, self.partition, v)
-                self.problem(key, "missing", f"store {self.store}: changelog {key} is missing")
-        lost = committed - set(history.restorable_versions())
+                self._lost(v < (floor or 0), key, "missing", f"changelog {key} is missing")
+        lost = committed - set(usable.restorable_versions())
+        expired = {v for v in lost if floor is not None and v < floor}
+        lost -= expired
+        if expired:
+            self._lost(
+                True, layout.changelog_prefix(self.operator, self.partition), "unrestorable",
+                f"versions {ranges(expired)} are below the oldest base {floor} that the newest "
+                "version is restored from: left by a garbage collection that has not finished "
+                "(its next run removes them)",
+            )  # fmt: skip
         if lost:
             for key in sorted(missing_prev):  # a newer snapshot names it as its predecessor
                 if (layout.parse_snapshot_key(key) or 0) < min(lost):
@@ -233,38 +313,50 @@ class _StoreCheck:
                 layout.changelog_prefix(self.operator, self.partition),
                 "unrestorable",
                 f"store {self.store}: versions {ranges(lost)} are committed but cannot be "
-                "restored (a changelog or snapshot they need is missing)",
+                "restored (a changelog or snapshot they need is missing or corrupt)",
             )
 
-    def _check_changelog(self, key: str, version: int | None = None) -> None:
+    def _lost(self, expired: bool, blob: str, kind: str, message: str) -> None:
+        if expired:
+            problem = Problem(self.store, blob, "expired", f"store {self.store}: {message}")
+            self.report.expired.append(problem)
+        else:
+            self.problem(blob, kind, f"store {self.store}: {message}")
+
+    def _check_changelog(
+        self, key: str, version: int, attempt: str, root_id: str | None = None
+    ) -> bool:
+        """Check one changelog; whether it passed."""
+        identity = ChangelogIdentity(
+            self.root_id if root_id is None else root_id, self.operator, self.partition, attempt
+        )
+        self.report.blobs_checked += 1
         try:
             if key not in self.metas:
                 raise StateNotFoundError(f"changelog {key} is missing")
-            size = self.metas[key].size
+            expected = (version, identity)
+            legacy = attempt == LEGACY_ATTEMPT
             if self.deep:
                 data = self.blobs.get(key)
-                header = decode_changelog(data, blob=key).header
+                decode_changelog(data, blob=key, expected=expected, anonymous_ok=legacy)
                 self.report.bytes_checked += len(data)
-            else:
-                header = read_header(self.blobs.get_range(key, 0, HEADER_SIZE), blob=key)
-                if header.blob_length != size:
-                    raise CorruptStateError(
-                        f"changelog {key} is not valid: expected {header.blob_length} bytes "
-                        f"from its header, found {size}"
-                    )
-            if version is not None and (header.base_version, header.version) != (
-                version - 1,
-                version,
-            ):
+                return True
+            header = read_header(self.blobs.get_range(key, 0, MAX_HEADER_SIZE), blob=key)
+            if header.blob_length != self.metas[key].size:
                 raise CorruptStateError(
-                    f"changelog {key} is named for version {version} but holds versions "
-                    f"{header.base_version} -> {header.version}"
+                    f"changelog {key} is not valid: expected {header.blob_length} bytes "
+                    f"from its header, found {self.metas[key].size}"
                 )
+            check_identity(
+                header, blob=key, version=version, expected=identity, anonymous_ok=legacy
+            )
         except StateNotFoundError as exc:
             self.problem(key, "missing", f"store {self.store}: {exc}")
+            return False
         except CorruptStateError as exc:
             self.problem(key, "corrupt", f"store {self.store}: {exc}")
-        self.report.blobs_checked += 1
+            return False
+        return True
 
     def _check_metrics(self, key: str) -> None:
         """Commit metrics are not state: only a deep check reads them."""
@@ -276,28 +368,28 @@ class _StoreCheck:
         except (CorruptStateError, StateNotFoundError) as exc:
             self.problem(key, "corrupt", f"store {self.store}: {exc}")
 
-    def _load_index(self, key: str, version: int | None = None) -> SnapshotIndex | None:
+    def _load_index(
+        self, key: str, version: int, attempt: str, root_id: str | None = None
+    ) -> SnapshotIndex | None:
+        """The index at ``key`` if it is intact and of this store, version and attempt."""
         self.report.blobs_checked += 1
+        root_id = self.root_id if root_id is None else root_id
+        identified = bool(root_id) and attempt not in ("", LEGACY_ATTEMPT)
+        expected = SnapshotMetadata(
+            operator=self.operator, partition=self.partition, version=version,
+            root_id=root_id if identified else None, attempt=attempt if identified else None,
+        )  # fmt: skip
         try:
             data = self.blobs.get(key)
             self.report.bytes_checked += len(data)
             index = SnapshotIndex.from_json(data, blob=key)
+            check_metadata(index, blob=key, expected=expected, anonymous_ok=not identified)
         except StateNotFoundError as exc:
             self.problem(key, "missing", f"store {self.store}: {exc}")
             return None
         except CorruptStateError as exc:
             self.problem(key, "corrupt", f"store {self.store}: {exc}")
             return None
-        meta = index.metadata
-        wanted = layout.parse_snapshot_key(key) if version is None else version
-        expected = (self.operator, self.partition, wanted)
-        if (meta.operator, meta.partition, meta.version) != expected:
-            self.problem(
-                key,
-                "corrupt",
-                f"store {self.store}: snapshot index {key} describes "
-                f"{meta.operator}/{meta.partition}@{meta.version}, expected {expected}",
-            )
         return index
 
     def _check_file(self, index_key: str, rel: str, entry: FileIndex) -> None:
@@ -338,3 +430,15 @@ class _StoreCheck:
                 f"file {rel} of snapshot {index_key}: CRC32C expected {entry.crc:#010x}, "
                 f"found {crc:#010x} (blobs {', '.join(keys)})",
             )
+
+
+def _oldest_base(history: StoreHistory, latest: int) -> int | None:
+    """The oldest base (the empty store or a snapshot) from which changelogs reach
+    ``latest``; ``None`` if none does (the newest version is itself lost)."""
+    if latest not in history.restorable_versions():
+        return None
+    bases = sorted(history.snapshots | ({0} if 1 in history.changelogs else set()))
+    for base in bases:
+        if all(v in history.changelogs for v in range(base + 1, latest + 1)):
+            return base
+    return latest if latest in history.snapshots else None

@@ -131,7 +131,7 @@ def test_round_trip(
     assert decoded.records == records
     body_length = 4 + sum(8 + len(k) + (len(v) if v is not None else 0) for k, v in records)
     expected = ChangelogHeader(
-        format_version=FORMAT_VERSION,
+        format_version=1,  # no identity: written as statekeeper 0.1 did
         compression=compression,
         base_version=base,
         version=version,
@@ -172,14 +172,18 @@ def test_public_names() -> None:
         "HEADER_SIZE",
         "MAGIC",
         "MAX_BODY_LENGTH",
+        "MAX_HEADER_SIZE",
         "MAX_ITEM_LENGTH",
         "Changelog",
         "ChangelogHeader",
+        "ChangelogIdentity",
+        "check_identity",
         "decode_changelog",
         "encode_changelog",
         "read_header",
     ]
-    assert (FORMAT_VERSION, HEADER_SIZE, cl.MAGIC) == (1, 52, b"SKCL")
+    assert (FORMAT_VERSION, HEADER_SIZE, cl.MAGIC) == (2, 52, b"SKCL")
+    assert cl.MAX_HEADER_SIZE == 52 + 2 + 3 * 256 + 4
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])
@@ -275,11 +279,11 @@ def test_header_identity_checks() -> None:
 
 @pytest.mark.parametrize("read", [decode_changelog, read_header])
 def test_newer_format_version_is_refused(read: Callable[..., object]) -> None:
-    blob = envelope(int32(-1), count=0, fmt=2)
+    blob = envelope(int32(-1), count=0, fmt=3)
     with pytest.raises(CorruptStateError, match=re.escape(BLOB)) as info:
         read(blob, blob=BLOB)
     assert "written by a newer statekeeper" in str(info.value)
-    assert "expected <= 1, found 2" in str(info.value)
+    assert "expected <= 2, found 3" in str(info.value)
     with pytest.raises(CorruptStateError, match="unknown format version"):
         read(envelope(int32(-1), count=0, fmt=0), blob=BLOB)
 

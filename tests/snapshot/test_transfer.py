@@ -323,8 +323,52 @@ def test_load_index_errors_name_the_blob(store: CountingStore, tmp_path: Path) -
         load_index(store, OP, PART, 9)
     index, _ = upload(store, source_tree(tmp_path / "src"), 1)
     store.inner.put(layout.snapshot_index_key(OP, PART, 8), index.to_json())
-    with pytest.raises(CorruptStateError, match="expected metadata"):
+    with pytest.raises(CorruptStateError, match="does not belong where it is stored") as err:
         load_index(store, OP, PART, 8)  # an index copied under another version's key
+    assert "expected store sessions/3, version 8" in str(err.value)
+    assert "found store sessions/3, version 1" in str(err.value)
+
+
+def test_index_names_its_root_and_attempt_and_load_checks_them(
+    store: CountingStore, tmp_path: Path
+) -> None:
+    index, metrics = upload(store, source_tree(tmp_path / "src"), 4, root_id="r00t", attempt="a1")
+    key = metrics.index_blob
+    meta = json.loads(store.inner.get(key))["metadata"]
+    assert meta == {
+        "operator": OP,
+        "partition": PART,
+        "version": 4,
+        "rootId": "r00t",
+        "attempt": "a1",
+    }
+    assert json.loads(store.inner.get(key))["schemaVersion"] == 2
+    assert load_index(store, OP, PART, 4, key=key, root_id="r00t", attempt="a1") == index
+    assert load_index(store, OP, PART, 4, key=key) == index  # nothing more expected: not checked
+    for root_id, attempt, found in (("other", "a1", "root r00t"), ("r00t", "b2", "attempt a1")):
+        with pytest.raises(CorruptStateError) as err:
+            load_index(store, OP, PART, 4, key=key, root_id=root_id, attempt=attempt)
+        message = str(err.value)
+        assert key in message
+        assert f"expected root {root_id}," in message, message
+        assert found in message.split("found", 1)[1], message
+    with pytest.raises(CorruptStateError, match=f"store {OP}/1, version 4, attempt a1, found"):
+        load_index(store, OP, 1, 4, key=key, root_id="r00t", attempt="a1")
+
+
+def test_schema_1_index_is_read_only_where_one_is_expected(
+    store: CountingStore, tmp_path: Path
+) -> None:
+    index, metrics = upload(store, source_tree(tmp_path / "src"), 4)
+    key = metrics.index_blob
+    assert json.loads(store.inner.get(key))["schemaVersion"] == 1
+    assert index.metadata.root_id is None
+    legacy = load_index(
+        store, OP, PART, 4, key=key, root_id="r", attempt="format1", anonymous_ok=True
+    )
+    assert legacy == index
+    with pytest.raises(CorruptStateError, match=r"schema 1: no root id or attempt"):
+        load_index(store, OP, PART, 4, key=key, root_id="r", attempt="a1")
 
 
 # -- restore ---------------------------------------------------------------------------------

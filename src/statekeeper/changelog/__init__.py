@@ -1,18 +1,19 @@
 """Changelog blobs: the puts and deletes of one commit, framed, compressed and checksummed.
 
-A changelog blob is written once per commit (``<operator>/<partition>/changelog/
-<version:020d>.changelog``) and replayed on restore. Its byte layout is part of the
+A changelog blob is written once per commit attempt (``<operator>/<partition>/changelog/
+<version:020d>-<attempt>.changelog``) and replayed on restore. Its byte layout is part of the
 on-storage contract; a change to it needs a new :data:`FORMAT_VERSION`.
 
 Envelope
 --------
-All integers are big-endian. The header is :data:`HEADER_SIZE` (52) bytes:
+All integers are big-endian. The header is the fixed part, :data:`HEADER_SIZE` (52) bytes,
+followed from format version 2 by the identity section:
 
 ======  ====  ========  ===========================================================
 offset  size  type      field
 ======  ====  ========  ===========================================================
 0       4     bytes     magic ``b"SKCL"``
-4       2     uint16    format version, ``1`` (:data:`FORMAT_VERSION`)
+4       2     uint16    format version: ``2`` (:data:`FORMAT_VERSION`); ``1`` is read
 6       1     uint8     compression codec id: ``0`` none, ``1`` zstd
 7       1     uint8     reserved flags, ``0`` (readers reject anything else)
 8       8     uint64    base version: the store version the changes apply to
@@ -21,9 +22,19 @@ offset  size  type      field
 32      8     uint64    uncompressed body length, end marker included
                         (4 .. :data:`MAX_BODY_LENGTH`)
 40      8     uint64    stored body length (equals the previous field for codec 0)
-48      4     uint32    CRC32C (Castagnoli) of bytes 0..47 followed by the stored body
-52      n     bytes     stored body, n = stored body length; nothing follows it
+48      4     uint32    CRC32C (Castagnoli) of every byte of the blob except these 4
+52      2     uint16    format 2 only: identity length ``m`` (<= 772)
+54      m     bytes     format 2 only: identity (below)
+52+i    n     bytes     stored body, n = stored body length; nothing follows it
 ======  ====  ========  ===========================================================
+
+``i`` is 0 in format 1 and ``2 + m`` in format 2. The identity names the commit that wrote
+the blob (:class:`ChangelogIdentity`): ``| u8 length | root id | u8 length | operator |
+uint32 partition | u8 length | attempt |``, strings in UTF-8. A reader compares it, and
+the versions, with what it expected under the blob's name (:func:`check_identity`): a blob
+of another root, store, version or attempt is refused naming both. Format-1 blobs (written
+by statekeeper 0.1) record no identity; only their versions are checked, where the reader
+expects a format-1 blob. A prefix of :data:`MAX_HEADER_SIZE` bytes holds any header.
 
 With codec 1 the stored body is exactly one zstd frame (no trailing bytes); if the frame
 header records a content size it must equal the uncompressed body length.
@@ -44,8 +55,9 @@ Reading
 -------
 :func:`decode_changelog` checks, in this order: length >= header, magic, format version
 (a newer one is reported as written by a newer statekeeper), total length = header +
-stored body length, CRC32C, then the remaining header fields, decompression to exactly
-the declared length, and the record framing. Any failure is a
+stored body length, CRC32C, then the remaining header fields and the identity (against
+what the caller expected, if it says), decompression to exactly the declared length, and
+the record framing. Any failure is a
 :class:`~statekeeper.errors.CorruptStateError` naming the blob. :func:`read_header` reads
 only the header (no CRC check) for listing tools.
 """
@@ -58,7 +70,10 @@ from statekeeper.changelog._header import (
     HEADER_SIZE,
     MAGIC,
     MAX_BODY_LENGTH,
+    MAX_HEADER_SIZE,
     ChangelogHeader,
+    ChangelogIdentity,
+    check_identity,
     read_header,
 )
 from statekeeper.changelog._records import MAX_ITEM_LENGTH
@@ -68,9 +83,12 @@ __all__ = [
     "HEADER_SIZE",
     "MAGIC",
     "MAX_BODY_LENGTH",
+    "MAX_HEADER_SIZE",
     "MAX_ITEM_LENGTH",
     "Changelog",
     "ChangelogHeader",
+    "ChangelogIdentity",
+    "check_identity",
     "decode_changelog",
     "encode_changelog",
     "read_header",

@@ -22,14 +22,21 @@ from statekeeper.changelog._header import (
     MAX_BODY_LENGTH,
     MAX_UINT64,
     ChangelogHeader,
+    ChangelogIdentity,
     check_header,
+    check_identity,
     corrupt,
+    encode_identity,
+    header_length,
+    parse_identity,
     unpack_header,
 )
 from statekeeper.changelog._records import Record, Records, decode_records, encode_records
 from statekeeper.config import Compression
 
 __all__ = ["Changelog", "decode_changelog", "encode_changelog"]
+
+_FORMAT_1: Final = 1
 
 # zstd's own bounds (ZSTD_minCLevel() is -ZSTD_TARGETLENGTH_MAX); it silently clamps others.
 _MIN_LEVEL: Final = -zstandard.TARGETLENGTH_MAX
@@ -61,11 +68,14 @@ def encode_changelog(
     version: int,
     compression: Compression = "zstd",
     level: int = 3,
+    identity: ChangelogIdentity | None = None,
 ) -> bytes:
     """Encode the puts and deletes of one commit as a changelog blob.
 
     Records are written in iteration order; a key may appear more than once (the last one
-    wins on replay).
+    wins on replay). With ``identity`` the blob is written in format version 2 and names the
+    root, store and attempt it belongs to (what every commit of a store writes); without,
+    in format version 1, as statekeeper 0.1 wrote it (for tools and tests of old roots).
 
     Args:
         records: ``(key, value)`` pairs or a mapping of key to value; a value of ``None`` is
@@ -74,17 +84,21 @@ def encode_changelog(
         version: the store version they create; greater than ``base_version``.
         compression: how to store the body, ``"zstd"`` (default) or ``"none"``.
         level: zstd compression level (ignored for ``"none"``, but still checked).
+        identity: the root, store and attempt the blob belongs to.
 
     Returns:
         The complete blob: header, CRC32C and stored body.
 
     Raises:
         TypeError: a version or level is not an int, ``compression`` is not a str, an item
-            is not a (key, value) pair, or a key or value is not bytes-like.
+            is not a (key, value) pair, a key or value is not bytes-like, or an identity
+            field is of the wrong type.
         ValueError: a version is outside ``[0, 2**64 - 1]``, ``version <= base_version``,
             an unknown compression or a level outside zstd's range, an empty key, a key
-            or value too long, or a body longer than :data:`MAX_BODY_LENGTH`.
+            or value too long, a body longer than :data:`MAX_BODY_LENGTH`, or an identity
+            string longer than 255 bytes.
     """
+    section = b"" if identity is None else encode_identity(identity)
     base_version = _check_version("base_version", base_version)
     version = _check_version("version", version)
     if version <= base_version:
@@ -100,22 +114,34 @@ def encode_changelog(
             f"{len(body)} ({count} records); commit fewer changes per version"
         )
     stored = bytes(body) if compression == "none" else _compressor(level).compress(body)
+    fmt = _FORMAT_1 if identity is None else FORMAT_VERSION
     head = HEADER.pack(
-        MAGIC, FORMAT_VERSION, codec_id, 0, base_version, version, count, len(body), len(stored)
+        MAGIC, fmt, codec_id, 0, base_version, version, count, len(body), len(stored)
     )
-    crc = google_crc32c.extend(google_crc32c.value(head), stored)
-    return b"".join((head, CRC.pack(crc), stored))
+    # The CRC32C covers every byte of the blob but its own field.
+    crc = google_crc32c.extend(google_crc32c.extend(google_crc32c.value(head), section), stored)
+    return b"".join((head, CRC.pack(crc), section, stored))
 
 
-def decode_changelog(data: bytes | bytearray | memoryview, *, blob: str) -> Changelog:
+def decode_changelog(
+    data: bytes | bytearray | memoryview,
+    *,
+    blob: str,
+    expected: tuple[int, ChangelogIdentity] | None = None,
+    anonymous_ok: bool = False,
+) -> Changelog:
     """Verify and decode a changelog blob.
 
     Every byte is checked before any record is returned: the stored length, the CRC32C
-    over header and stored body, the decompressed length, and the record framing.
+    over header, identity and stored body, the decompressed length, and the record
+    framing; with ``expected``, also that the blob is what its name says it is.
 
     Args:
         data: the complete blob.
         blob: name of the blob, used in error messages.
+        expected: the version and identity the reader expects under ``blob`` (from the
+            manifest entry or the key it read); see :func:`check_identity`.
+        anonymous_ok: whether a format-1 blob (no identity) is accepted as ``expected``.
 
     Returns:
         The header and the records in commit order.
@@ -125,23 +151,29 @@ def decode_changelog(data: bytes | bytearray | memoryview, *, blob: str) -> Chan
             found, if the blob is too short, has the wrong magic, an unknown format
             version (written by a newer statekeeper) or compression codec, is truncated or
             followed by extra bytes, fails its CRC32C, does not decompress to the declared
-            length, or its records do not match their framing or the header's count.
+            length, or its records do not match their framing or the header's count; or
+            it is not what ``expected`` says (another root, store, version or attempt).
     """
     if not isinstance(data, bytes):
         data = bytes(memoryview(data).cast("B"))
     fields = unpack_header(data, blob)
+    head_length = header_length(data, fields[1], blob)
     stored_length = fields[8]
-    if len(data) != HEADER_SIZE + stored_length:
-        total = HEADER_SIZE + stored_length
+    if len(data) != head_length + stored_length:
+        total = head_length + stored_length
         what = "blob truncated" if len(data) < total else "trailing bytes after the body"
-        expected = f"{total} bytes ({HEADER_SIZE}-byte header + {stored_length}-byte body)"
-        raise corrupt(blob, what, expected, f"{len(data)} bytes")
-    stored = data[HEADER_SIZE:]
+        wanted = f"{total} bytes ({head_length}-byte header + {stored_length}-byte body)"
+        raise corrupt(blob, what, wanted, f"{len(data)} bytes")
     (expected_crc,) = CRC.unpack_from(data, HEADER.size)
-    actual_crc = google_crc32c.extend(google_crc32c.value(data[: HEADER.size]), stored)
+    actual_crc = google_crc32c.extend(google_crc32c.value(data[: HEADER.size]), data[HEADER_SIZE:])
     if actual_crc != expected_crc:
         raise corrupt(blob, "CRC32C mismatch", f"{expected_crc:#010x}", f"{actual_crc:#010x}")
-    header = check_header(fields, blob)
+    header = check_header(fields, blob, parse_identity(data, fields[1], blob), head_length)
+    if expected is not None:
+        check_identity(
+            header, blob=blob, version=expected[0], expected=expected[1], anonymous_ok=anonymous_ok
+        )
+    stored = data[head_length:]
     body = stored
     if header.compression == "zstd":
         body = _decompress(stored, header.body_length, blob)

@@ -28,12 +28,16 @@ __all__ = [
     "FileIndex",
     "SnapshotIndex",
     "SnapshotMetadata",
+    "check_metadata",
     "iter_dirs",
     "iter_files",
     "referenced_blob_ids",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The schema version written when the metadata names its root and attempt (always, from
+statekeeper's format 2); ``1`` (statekeeper 0.1: no ``rootId``, no ``attempt``) is still read."""
+_ANONYMOUS_SCHEMA = 1
 ROOT_DIR_NAME = ""
 """The name of the root :class:`DirIndex` of every snapshot (the seed's ``ROOT_DIR_NAME``)."""
 
@@ -155,20 +159,79 @@ class DirIndex:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SnapshotMetadata:
-    """Which store and version a snapshot is of.
+    """Which store and version a snapshot is of, and (schema 2) which root and attempt.
+
+    Attributes:
+        operator, partition, version: the store and the version the snapshot holds.
+        root_id: the checkpoint root's id; ``None`` in a schema-1 index (statekeeper 0.1).
+        attempt: the attempt whose content the version is (the manifest's entry for it);
+            ``None`` in a schema-1 index.
 
     Raises:
-        TypeError, ValueError: as :func:`layout.validate_operator` and friends.
+        TypeError, ValueError: as :func:`layout.validate_operator` and friends; a root id
+            that is not a non-empty str of at most 255 characters; only one of ``root_id``
+            and ``attempt`` given.
     """
 
     operator: str
     partition: int
     version: int
+    root_id: str | None = None
+    attempt: str | None = None
 
     def __post_init__(self) -> None:
         layout.validate_operator(self.operator)
         layout.validate_partition(self.partition)
         layout.validate_version(self.version)
+        if (self.root_id is None) != (self.attempt is None):
+            raise ValueError(
+                "expected rootId and attempt together (or neither, schema 1), found "
+                f"rootId {self.root_id!r} and attempt {self.attempt!r}"
+            )
+        if self.root_id is not None:
+            if not isinstance(self.root_id, str) or not 1 <= len(self.root_id) <= 255:
+                raise ValueError(f"expected rootId to be 1-255 characters, found {self.root_id!r}")
+            layout.validate_attempt(self.attempt)
+
+    def describe(self) -> str:
+        """``root R, store op/0, version 4, attempt A``: for error messages."""
+        store = f"store {self.operator}/{self.partition}, version {self.version}"
+        if self.root_id is None:
+            return store
+        return f"root {self.root_id}, {store}, attempt {self.attempt}"
+
+
+def check_metadata(
+    index: SnapshotIndex, *, blob: str, expected: SnapshotMetadata, anonymous_ok: bool
+) -> None:
+    """Check that the index read under ``blob`` is the snapshot the reader expected there.
+
+    A schema-1 index names no root or attempt: it is accepted where the reader expects one
+    of statekeeper 0.1 (``anonymous_ok``) if its store and version match; fields of
+    ``expected`` that are ``None`` are not checked.
+
+    Raises:
+        CorruptStateError: the index is of another root, store, version or attempt (or has
+            no identity where one is required), naming what was expected and what it says.
+    """
+    found = index.metadata
+    same_store = (found.operator, found.partition, found.version) == (
+        expected.operator, expected.partition, expected.version,
+    )  # fmt: skip
+    if found.root_id is None:
+        ok = same_store and (anonymous_ok or expected.root_id is None)
+    else:
+        ok = (
+            same_store
+            and expected.root_id in (None, found.root_id)
+            and expected.attempt in (None, found.attempt)
+        )
+    if not ok:
+        raise CorruptStateError(
+            f"snapshot index {blob!r} does not belong where it is stored: expected "
+            f"{expected.describe()}, found {found.describe()}"
+            + (" (schema 1: no root id or attempt)" if found.root_id is None else "")
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,7 +245,8 @@ class SnapshotIndex:
         dir_index: the root directory (named ``""``).
         prev_snapshot_index_blob_id: key of the previous snapshot index of the same store,
             at a lower version, or ``None`` for a first snapshot.
-        schema_version: always :data:`SCHEMA_VERSION`.
+        schema_version: :data:`SCHEMA_VERSION` when the metadata names its root and
+            attempt, 1 when it does not; derived from the metadata when left at 0.
 
     Raises:
         ValueError: a field breaks one of the rules above.
@@ -193,15 +257,18 @@ class SnapshotIndex:
     metadata: SnapshotMetadata
     dir_index: DirIndex
     prev_snapshot_index_blob_id: str | None
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = 0
 
     def __post_init__(self) -> None:
-        if self.schema_version != SCHEMA_VERSION or isinstance(self.schema_version, bool):
-            raise ValueError(
-                f"expected schemaVersion {SCHEMA_VERSION}, found {self.schema_version!r}"
-            )
         if not isinstance(self.metadata, SnapshotMetadata):
             raise ValueError("expected metadata to be a SnapshotMetadata")
+        derived = _ANONYMOUS_SCHEMA if self.metadata.root_id is None else SCHEMA_VERSION
+        if self.schema_version == 0 and not isinstance(self.schema_version, bool):
+            object.__setattr__(self, "schema_version", derived)
+        if self.schema_version != derived or isinstance(self.schema_version, bool):
+            raise ValueError(
+                f"expected schemaVersion {derived} for this metadata, found {self.schema_version!r}"
+            )
         if not isinstance(self.dir_index, DirIndex) or self.dir_index.dir_name != ROOT_DIR_NAME:
             raise ValueError(f"expected dirIndex to be a DirIndex named {ROOT_DIR_NAME!r}")
         _require(rules.checkpoint_id_problem(self.checkpoint_id))
@@ -219,11 +286,7 @@ class SnapshotIndex:
             "schemaVersion": self.schema_version,
             "checkpointId": self.checkpoint_id,
             "createdTimeMs": self.created_time_ms,
-            "metadata": {
-                "operator": self.metadata.operator,
-                "partition": self.metadata.partition,
-                "version": self.metadata.version,
-            },
+            "metadata": _metadata_to_json(self.metadata),
             "dirIndex": _dir_to_json(self.dir_index),
             "prevSnapshotIndexBlobId": self.prev_snapshot_index_blob_id,
         }
@@ -250,6 +313,13 @@ class SnapshotIndex:
 def _canonical(doc: dict[str, Any]) -> bytes:
     # ensure_ascii keeps undecodable (surrogate-escaped) file names representable.
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _metadata_to_json(m: SnapshotMetadata) -> dict[str, Any]:
+    doc: dict[str, Any] = {"operator": m.operator, "partition": m.partition, "version": m.version}
+    if m.root_id is not None:
+        doc.update(rootId=m.root_id, attempt=m.attempt)
+    return doc
 
 
 def _file_to_json(f: FileIndex) -> dict[str, Any]:
@@ -311,6 +381,7 @@ _INDEX_KEYS = frozenset(
     }
 )
 _METADATA_KEYS = frozenset({"operator", "partition", "version"})
+_IDENTITY_KEYS = frozenset({"rootId", "attempt"})
 _DIR_KEYS = frozenset(
     {"dirName", "filesPresent", "filesRemoved", "subDirectoriesPresent", "subDirectoriesRemoved"}
 )
@@ -341,22 +412,15 @@ class _Parser:
         # changed every other field.
         head = self._object(doc, "$", frozenset({"schemaVersion"}), check_extra=False)
         version = self._field(head, "schemaVersion", int, "$")
-        if version != SCHEMA_VERSION:
+        if version not in (_ANONYMOUS_SCHEMA, SCHEMA_VERSION):
             newer = "written by a newer statekeeper: " if version > SCHEMA_VERSION else ""
             self.fail(
                 "$.schemaVersion",
-                f"{newer}expected schemaVersion {SCHEMA_VERSION}, found {version}",
+                f"{newer}expected schemaVersion {_ANONYMOUS_SCHEMA} or {SCHEMA_VERSION}, "
+                f"found {version}",
             )
         obj = self._object(doc, "$", _INDEX_KEYS)
-        meta = self._object(obj["metadata"], "$.metadata", _METADATA_KEYS)
-        metadata = self._build(
-            "$.metadata",
-            lambda: SnapshotMetadata(
-                operator=self._field(meta, "operator", str, "$.metadata"),
-                partition=self._field(meta, "partition", int, "$.metadata"),
-                version=self._field(meta, "version", int, "$.metadata"),
-            ),
-        )
+        metadata = self._metadata(obj["metadata"], version == SCHEMA_VERSION)
         dir_index = self._dir(obj["dirIndex"], "$.dirIndex", 0)
         prev = obj["prevSnapshotIndexBlobId"]
         if prev is not None and not isinstance(prev, str):
@@ -375,6 +439,22 @@ class _Parser:
         )
         self._check_crc(obj)  # last, so a malformed document gets the precise complaint
         return index
+
+    def _metadata(self, value: object, identified: bool) -> SnapshotMetadata:
+        where = "$.metadata"
+        meta = self._object(
+            value, where, _METADATA_KEYS | (_IDENTITY_KEYS if identified else set())
+        )
+        return self._build(
+            where,
+            lambda: SnapshotMetadata(
+                operator=self._field(meta, "operator", str, where),
+                partition=self._field(meta, "partition", int, where),
+                version=self._field(meta, "version", int, where),
+                root_id=self._field(meta, "rootId", str, where) if identified else None,
+                attempt=self._field(meta, "attempt", str, where) if identified else None,
+            ),
+        )
 
     def _load(self, data: bytes) -> object:
         def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

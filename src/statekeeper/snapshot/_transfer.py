@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import google_crc32c
 
 from statekeeper import layout
-from statekeeper.errors import CommitConflictError, CorruptStateError, StateNotFoundError
+from statekeeper.errors import CommitConflictError, StateNotFoundError
 from statekeeper.snapshot._diff import DirDiff, diff_dir
 from statekeeper.snapshot._files import open_no_follow
 from statekeeper.snapshot._index import (
@@ -31,6 +31,7 @@ from statekeeper.snapshot._index import (
     FileIndex,
     SnapshotIndex,
     SnapshotMetadata,
+    check_metadata,
 )
 
 if TYPE_CHECKING:
@@ -89,6 +90,8 @@ def upload_snapshot(
     checkpoint_id: str | None = None,
     index_key: str | None = None,
     previous_key: str | None = None,
+    root_id: str | None = None,
+    attempt: str | None = None,
 ) -> tuple[SnapshotIndex, SnapshotMetrics]:
     """Upload a RocksDB checkpoint directory as the snapshot of ``version``, incrementally.
 
@@ -112,6 +115,9 @@ def upload_snapshot(
         index_key: where to write the index (format 2: a name unique to the upload);
             format 1's name for ``version`` by default.
         previous_key: the key ``previous`` was read from (format 1's name by default).
+        root_id, attempt: the root and the attempt whose content ``version`` is, recorded
+            in the index's metadata (schema 2) so that every reader can check them; both or
+            neither (a schema-1 index, as statekeeper 0.1 wrote).
 
     Just before the index is written, every blob it reuses from ``previous`` is checked to
     still exist (one listing of the store's files); if garbage collection removed one
@@ -148,12 +154,18 @@ def upload_snapshot(
         return upload_snapshot(
             blobs, checkpoint_dir, operator=operator, partition=partition, version=version,
             previous=None, trust_names=False, chunk_size=chunk_size, io_threads=io_threads,
-            checkpoint_id=checkpoint_id, index_key=index_key,
+            checkpoint_id=checkpoint_id, index_key=index_key, root_id=root_id, attempt=attempt,
         )  # fmt: skip
     index = SnapshotIndex(
         checkpoint_id=checkpoint_id if checkpoint_id is not None else uuid.uuid4().hex,
         created_time_ms=time.time_ns() // 1_000_000,
-        metadata=SnapshotMetadata(operator=operator, partition=partition, version=version),
+        metadata=SnapshotMetadata(
+            operator=operator,
+            partition=partition,
+            version=version,
+            root_id=root_id,
+            attempt=attempt,
+        ),
         dir_index=_new_dir_index(diff, uploaded, ""),
         prev_snapshot_index_blob_id=(
             (
@@ -198,14 +210,26 @@ def _reused_missing(blobs: BlobStore, diff: DirDiff, operator: str, partition: i
 
 
 def load_index(
-    blobs: BlobStore, operator: str, partition: int, version: int, *, key: str | None = None
+    blobs: BlobStore,
+    operator: str,
+    partition: int,
+    version: int,
+    *,
+    key: str | None = None,
+    root_id: str | None = None,
+    attempt: str | None = None,
+    anonymous_ok: bool = False,
 ) -> SnapshotIndex:
     """Fetch and validate the snapshot index of ``version`` (at ``key``, format 2; at
-    format 1's name by default).
+    format 1's name by default), and check that it is what its name says
+    (:func:`check_metadata`): of that store and version and, when given, of root ``root_id``
+    and attempt ``attempt``. A schema-1 index (no root, no attempt) passes those two only
+    with ``anonymous_ok`` (the reader expects a snapshot of statekeeper 0.1).
 
     Raises:
         StateNotFoundError: no snapshot of ``version`` exists; the message names the blob.
-        CorruptStateError: the blob is not a valid index of that store and version.
+        CorruptStateError: the blob is not a valid index of that store and version (or
+            root and attempt), naming what was expected and what it says.
         StorageError: the blob store failed the read.
     """
     key = key or layout.snapshot_index_key(operator, partition, version)
@@ -217,13 +241,11 @@ def load_index(
             f"version {version}"
         ) from exc
     index = SnapshotIndex.from_json(data, blob=key)
-    expected = SnapshotMetadata(operator=operator, partition=partition, version=version)
-    if index.metadata != expected:
-        found = index.metadata
-        raise CorruptStateError(
-            f"snapshot index {key!r}: expected metadata {operator}/{partition} version "
-            f"{version}, found {found.operator}/{found.partition} version {found.version}"
-        )
+    expected = SnapshotMetadata(
+        operator=operator, partition=partition, version=version, root_id=root_id,
+        attempt=attempt,
+    )  # fmt: skip
+    check_metadata(index, blob=key, expected=expected, anonymous_ok=anonymous_ok)
     return index
 
 

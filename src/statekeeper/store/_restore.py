@@ -12,6 +12,7 @@ from statekeeper.changelog import decode_changelog
 from statekeeper.config import StoreConfig
 from statekeeper.errors import CorruptStateError, StateNotFoundError
 from statekeeper.history import RestorePlan, StoreHistory
+from statekeeper.manifest import LEGACY_ATTEMPT
 from statekeeper.snapshot import RestoreMetrics, load_index, restore_snapshot
 from statekeeper.storage import BlobStore
 from statekeeper.store._state_store import RestoreInfo
@@ -47,12 +48,13 @@ def restore_copy(
         StorageError: the blob store failed.
     """
     started = time.perf_counter()
+    unusable: list[tuple[str, CorruptStateError | StateNotFoundError]] = []
     while True:
         copy = open_copy()
         try:
             local = copy.version
             held = (local, copy.attempt) if local is not None and copy.root_id == root_id else None
-            plan = history.plan(version, held)
+            plan = _plan(history, version, held, unusable)
             snap = _NO_SNAPSHOT
             if plan.base_kind == "snapshot":
                 try:
@@ -60,6 +62,7 @@ def restore_copy(
                         blobs, config, history, plan, copy, open_copy, root_id
                     )
                 except (CorruptStateError, StateNotFoundError) as exc:
+                    unusable.append((history.index_key(plan.base), exc))
                     history = _without_snapshot(history, plan.base, exc)
                     continue  # _from_snapshot removed the half-restored copy
             elif plan.base_kind == "empty" and (copy.label is not None or copy.root_id):
@@ -92,6 +95,34 @@ def restore_copy(
     return copy, info
 
 
+def _plan(
+    history: StoreHistory,
+    version: int,
+    held: tuple[int, str] | None,
+    unusable: list[tuple[str, CorruptStateError | StateNotFoundError]],
+) -> RestorePlan:
+    """The history's plan; when none is left after unusable snapshots were dropped, an
+    error that names them and why (not only "version v does not exist").
+
+    Raises:
+        CorruptStateError: no plan, and a dropped snapshot was corrupt.
+        StateNotFoundError: no plan (a dropped snapshot, if any, was missing).
+    """
+    try:
+        return history.plan(version, held)
+    except StateNotFoundError as exc:
+        if not unusable:
+            raise
+        reasons = "; ".join(f"snapshot index {key} is unusable: {why}" for key, why in unusable)
+        message = (
+            f"version {version} of store {history.operator}/{history.partition} cannot be "
+            f"restored: {reasons}; without it: {exc}"
+        )
+        if any(isinstance(why, CorruptStateError) for _, why in unusable):
+            raise CorruptStateError(message) from unusable[-1][1]
+        raise StateNotFoundError(message) from unusable[-1][1]
+
+
 def _without_snapshot(history: StoreHistory, version: int, exc: Exception) -> StoreHistory:
     """Plan again without an unusable snapshot (invariant 6: a logged fallback)."""
     _log.warning(
@@ -118,7 +149,9 @@ def _from_snapshot(
     copy.set_lineage(None, 0)  # until the restore completes, the files are mixed
     copy.close(flush=False)
     try:
-        checkpoint_id, snap = _restore_snapshot(blobs, config, history, plan, Path(copy.path))
+        checkpoint_id, snap = _restore_snapshot(
+            blobs, config, history, plan, Path(copy.path), root_id
+        )
     except (CorruptStateError, StateNotFoundError):
         copy.destroy()
         raise
@@ -133,11 +166,23 @@ def _from_snapshot(
 
 
 def _restore_snapshot(
-    blobs: BlobStore, config: StoreConfig, history: StoreHistory, plan: RestorePlan, target: Path
+    blobs: BlobStore,
+    config: StoreConfig,
+    history: StoreHistory,
+    plan: RestorePlan,
+    target: Path,
+    root_id: str,
 ) -> tuple[str, RestoreMetrics]:
-    """Make ``target`` hold the snapshot at ``plan.base``; returns its checkpoint id."""
+    """Make ``target`` hold the snapshot at ``plan.base`` (its index checked to be of this
+    root, store, version and attempt); returns its checkpoint id."""
     key = history.index_key(plan.base)
-    index = load_index(blobs, history.operator, history.partition, plan.base, key=key)
+    attempt = history.attempt(plan.base)
+    index = load_index(
+        blobs, history.operator, history.partition, plan.base, key=key,
+        # The empty store has no attempt (a schema-1 index): only its store and version count.
+        root_id=root_id if attempt else None, attempt=attempt or None,
+        anonymous_ok=attempt in (LEGACY_ATTEMPT, ""),
+    )  # fmt: skip
     metrics = restore_snapshot(blobs, index, target, io_threads=config.io_threads, index_blob=key)
     return index.checkpoint_id, metrics
 
@@ -165,7 +210,14 @@ def _replay(
     history: StoreHistory,
     root_id: str,
 ) -> int:
-    """Download the plan's changelogs in parallel windows and apply them in order."""
+    """Download the plan's changelogs in parallel windows and apply them in order; each is
+    checked to be the changelog the history names for its version (root, store, versions,
+    attempt).
+
+    Raises:
+        StateNotFoundError: a changelog is missing (named, with the version it holds).
+        CorruptStateError: a changelog fails its checks or belongs elsewhere.
+    """
     if not plan.replay:
         if copy.label is None:
             copy.apply((), version=plan.version, root_id=root_id, attempt="")
@@ -176,14 +228,39 @@ def _replay(
     for start in range(0, len(versions), window):
         batch = versions[start : start + window]
         keys = [history.changelog_key(v) for v in batch]
-        for v, key, data in zip(batch, keys, blobs.get_many(keys), strict=True):
+        for v, key, data in zip(
+            batch, keys, _download(blobs, batch, keys, plan, history), strict=True
+        ):
             downloaded += len(data)
-            log = decode_changelog(data, blob=key)
-            if log.header.version != v or log.header.base_version != v - 1:
-                raise CorruptStateError(
-                    f"changelog {key} is not valid: expected versions {v - 1} -> {v}, "
-                    f"found {log.header.base_version} -> {log.header.version}"
-                )
+            identity, legacy = history.changelog_identity(v, root_id)
+            log = decode_changelog(data, blob=key, expected=(v, identity), anonymous_ok=legacy)
             copy.apply(log.records, version=v, root_id=root_id, attempt=history.attempt(v))
     copy.flush()
     return downloaded
+
+
+def _download(
+    blobs: BlobStore, versions: list[int], keys: list[str], plan: RestorePlan, history: StoreHistory
+) -> list[bytes]:
+    """The changelogs ``keys``; a missing one is named with its version.
+
+    Raises:
+        StateNotFoundError: a changelog is missing.
+    """
+    try:
+        return blobs.get_many(keys)
+    except StateNotFoundError as exc:
+        missing = [(v, k) for v, k in zip(versions, keys, strict=True) if not _exists(blobs, k)]
+        named = ", ".join(f"changelog {k} (version {v})" for v, k in missing) or str(exc)
+        raise StateNotFoundError(
+            f"version {plan.version} of store {history.operator}/{history.partition} cannot be "
+            f"restored from base {plan.base}: {named} is missing"
+        ) from exc
+
+
+def _exists(blobs: BlobStore, key: str) -> bool:
+    try:
+        blobs.head(key)
+    except StateNotFoundError:
+        return False
+    return True

@@ -26,6 +26,7 @@ from statekeeper.errors import (
     StateNotFoundError,
 )
 from statekeeper.manifest import (
+    LEGACY_ATTEMPT,
     SnapshotEntry,
     StoreManifest,
     read_newest_manifest,
@@ -190,7 +191,7 @@ class Snapshotter:
                 if any(s.version == version for s in job.manifest.snapshots):
                     _log.info("snapshot %s/%s@%s exists already", *key, version)
                     return None
-            metrics = self._upload(job, path, version)
+            metrics = self._upload(job, path, version, attempt)
             if job.register:
                 self._register(job, SnapshotEntry(version, attempt, job.index_key))
             return metrics
@@ -229,7 +230,7 @@ class Snapshotter:
             f"{job.operator}/{job.partition} changed {_REGISTER_TRIES} times in a row"
         )
 
-    def _upload(self, job: SnapshotJob, path: Path, version: int) -> SnapshotMetrics:
+    def _upload(self, job: SnapshotJob, path: Path, version: int, attempt: str) -> SnapshotMetrics:
         previous, previous_key, trust = self._previous(job, version)
         job.index_key = layout.attempt_snapshot_key(
             job.operator, job.partition, version, uuid.uuid4().hex
@@ -246,6 +247,9 @@ class Snapshotter:
             io_threads=self._config.io_threads,
             index_key=job.index_key,
             previous_key=previous_key,
+            # The empty store (version 0) has no attempt to name: a schema-1 index.
+            root_id=job.root_id if attempt else None,
+            attempt=attempt or None,
         )
         job.copy.set_lineage(index.checkpoint_id, version)
         return metrics
@@ -268,8 +272,10 @@ class Snapshotter:
         newest = older[-1]
         try:
             index = load_index(
-                self._blobs, job.operator, job.partition, newest.version, key=newest.index_blob
-            )
+                self._blobs, job.operator, job.partition, newest.version, key=newest.index_blob,
+                root_id=job.root_id if newest.attempt else None, attempt=newest.attempt or None,
+                anonymous_ok=newest.attempt in (LEGACY_ATTEMPT, ""),
+            )  # fmt: skip
         except (StateNotFoundError, CorruptStateError) as exc:
             _log.warning(
                 "snapshot of %s/%s@%s uploads in full: its previous snapshot is unusable: %s",
