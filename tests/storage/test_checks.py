@@ -221,3 +221,50 @@ def test_every_listed_option_is_one_obstore_knows(scheme: str) -> None:
             open_blob_store(f"{scheme}://bucket/p", {name: "x"})
         except ValueError as exc:
             assert "unknown storage option" not in str(exc), name  # noqa: PT017
+
+
+# -- values obstore parses, and URLs -------------------------------------------------------------
+
+S3_CREDENTIALS = {"access_key_id": "a", "secret_access_key": "b", "region": "us-east-1"}
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("conditional_put", "maybe"),  # obstore: 'Failed to parse "maybe" as S3PutConditional'
+        ("copy_if_not_exists", "x"),
+        ("checksum_algorithm", "md7"),  # obstore: '"md7" is not a valid checksum algorithm'
+        ("server_side_encryption", "rot13"),  # obstore: 'Invalid encryption type: rot13. ...'
+    ],
+)
+def test_a_value_obstore_cannot_parse_names_the_option(name: str, value: str) -> None:
+    with pytest.raises(ValueError, match=f"storage option '{name}' must be") as info:
+        open_blob_store("s3://bucket/p", {**S3_CREDENTIALS, name: value})
+    assert repr(value) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("uri", "name", "value"),
+    [
+        ("s3://bucket/p", "endpoint", "not a url"),
+        ("s3://bucket/p", "endpoint", "127.0.0.1:9000"),  # no scheme: obstore takes it, then fails
+        ("s3://bucket/p", "AWS_ENDPOINT_URL", "ftp://host"),
+        ("s3://bucket/p", "endpoint", "http://[::1"),
+        ("s3://bucket/p", "proxy_url", "not a url"),
+        ("gs://bucket/p", "base_url", "http://"),
+        ("az://container/p", "authority_host", "login"),
+    ],
+)
+def test_a_url_option_must_be_an_http_url(uri: str, name: str, value: str) -> None:
+    # Checked before any request: obstore would accept most of these and fail later, on the
+    # first request, with an error naming neither the option nor the value.
+    with pytest.raises(ValueError, match=f"storage option '{name}' must be an http") as info:
+        open_blob_store(uri, {name: value})
+    assert repr(value) in str(info.value)
+
+
+def test_a_url_option_takes_http_and_https_urls() -> None:
+    for endpoint in ("http://127.0.0.1:9000", "https://s3.example.com/", "HTTP://[::1]:9000"):
+        store = open_blob_store("s3://bucket/p", {**S3_CREDENTIALS, "endpoint": endpoint})
+        assert isinstance(store, ObjectBlobStore)
+        store.close()

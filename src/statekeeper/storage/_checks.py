@@ -10,11 +10,16 @@ HTTP client options are checked here because obstore's own errors do not name th
 * timeouts (``timeout``, ``connect_timeout``, ...): a number of seconds (``30``, ``2.5``,
   ``"30"``) or numbers with units (``"30s"``, ``"500ms"``, ``"2min"``, ``"1h 30min"``), > 0;
 * switches (``allow_http``, ...): ``true``/``false`` (case and spaces ignored) or a bool;
-* ``pool_max_idle_per_host``: an int >= 0.
+* ``pool_max_idle_per_host``: an int >= 0;
+* URLs (``endpoint``, ``proxy_url``, ``base_url``, ``authority_host``, ``metadata_endpoint``,
+  ``msi_endpoint``, with or without the store's alias prefix): an http:// or https:// URL with
+  a host. obstore takes most malformed ones and fails only at the first request.
 
-Store config keys (``endpoint``, ``region``, credentials, ...) are left to obstore, which knows
-every alias (``aws_access_key_id``, ``AZURE_STORAGE_ACCOUNT_KEY``, ...); when it refuses a name,
-:func:`unknown_option_message` lists the names the store takes. No message here shows the value
+Other store config keys (``region``, credentials, ...) are left to obstore, which knows every
+alias (``aws_access_key_id``, ``AZURE_STORAGE_ACCOUNT_KEY``, ...); when it refuses a name,
+:func:`unknown_option_message` lists the names the store takes, and when it refuses a value
+without naming its option (it never does), :func:`unparsable_option_message` finds the option
+by its value. No message here shows the value
 of an option whose name marks it as a secret.
 """
 
@@ -25,6 +30,7 @@ import math
 import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 __all__ = [
     "SECRET_MARKERS",
@@ -187,9 +193,35 @@ _UNIT_SECONDS = {
     **dict.fromkeys(("d", "day", "days"), 86400.0),
 }
 _MAX_SHOWN = 60
-# How obstore says a config value does not parse; it names the value and the form, not the key.
-_UNPARSABLE = re.compile(r'failed to parse "(?P<value>[^"]*)" as (?P<form>[\w ]+)')
-_FORM_HINTS = {"boolean": "'true' or 'false'"}
+# How obstore says a config value does not parse: it names the value and the form, never the
+# key, in one of these phrasings (obstore 0.12).
+_UNPARSABLE = (
+    re.compile(r'failed to parse "(?P<value>[^"]*)" as (?P<form>[\w ]+)', re.IGNORECASE),
+    re.compile(r'"(?P<value>[^"]*)" is not a valid (?P<form>[\w ]+)'),
+    re.compile(r"invalid (?P<form>[\w ]+?): (?P<value>[^\s]+?)\.\s*(?P<valid>valid values[^\n]*)?",
+               re.IGNORECASE),
+)  # fmt: skip
+_FORM_HINTS = {
+    "boolean": "'true' or 'false'",
+    "S3PutConditional": "'etag' or 'disabled'",
+    "S3CopyIfNotExists": "'multipart', 'header:<name>:<value>' or "
+    "'header-with-status:<name>:<value>:<status>'",
+    "checksum algorithm": "'sha256'",
+}
+# Options whose value is a URL, by name without the store's alias prefix ("aws_", ...). obstore
+# takes most malformed ones and fails only at the first request, naming neither.
+_URL_OPTIONS = frozenset(
+    {
+        "authority_host",
+        "base_url",
+        "endpoint",
+        "endpoint_url",
+        "metadata_endpoint",
+        "msi_endpoint",
+        "proxy_url",
+    }
+)
+_URL_FORM = "an http:// or https:// URL with a host, e.g. 'http://127.0.0.1:9000'"
 
 
 def is_secret_option(name: str) -> bool:
@@ -226,6 +258,7 @@ def check_storage_options(options: object) -> dict[str, str]:
             )
         text = _as_text(name, value)
         _parse_client_option(name, text, value)  # Refuse a bad client value here, once.
+        _check_url(name, text, value)
         checked[name] = text
     return checked
 
@@ -271,17 +304,37 @@ def unparsable_option_message(message: str, options: Mapping[str, str]) -> str |
     obstore names the value it could not parse but not the option, so the option is found
     by its value (all of them, if several options hold that value).
     """
-    found = _UNPARSABLE.search(message)
+    found = next((m for p in _UNPARSABLE if (m := p.search(message)) is not None), None)
     if found is None:
         return None
     names = sorted(name for name, value in options.items() if value == found["value"])
     if not names:
         return None
     form = found["form"].strip()
+    valid = found.groupdict().get("valid")
     hint = f" ({_FORM_HINTS[form]})" if form in _FORM_HINTS else ""
+    hint = f" ({valid.strip()})" if valid else hint
     which = " or ".join(repr(name) for name in names)
     secret = next((name for name in names if is_secret_option(name)), names[0])
     return f"storage option {which} must be a {form}{hint}; got {_found(secret, found['value'])}"
+
+
+def _check_url(name: str, text: str, original: object) -> None:
+    """Refuse a URL option (``endpoint``, ``proxy_url``, ...) that is no http(s) URL."""
+    key = name.lower()
+    for prefix in _ALIAS_PREFIX.values():
+        key = key.removeprefix(prefix)
+    if key not in _URL_OPTIONS:
+        return
+    try:
+        parts = urlsplit(text.strip())
+        ok = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # a malformed port or IPv6 address
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"storage option {name!r} must be {_URL_FORM}; got {_found(name, original)}"
+        )
 
 
 def _as_text(name: str, value: object) -> str:
