@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
 import statekeeper as sk
+from statekeeper import layout
+from statekeeper.errors import StorageError
+from statekeeper.gc import collect_garbage
 from statekeeper.history import StoreHistory
+from statekeeper.storage import LocalBlobStore
 from tests.blobstores import store_history
+from tests.changelog.format1 import to_format1
 
 
 def _build(tmp_path: Path) -> sk.StateBackend:
@@ -129,3 +137,125 @@ def test_corrupt_changelog_with_no_way_around_is_an_error_naming_blob_and_store(
         cold.open("op", 0)
     with cold.open("op", 0, version=22) as store:  # what does not need it still opens
         assert store.version == 22
+
+
+# -- format 1 roots (statekeeper 0.1): identity by name, GC in progress ----------------------
+
+
+def _format1_root(tmp_path: Path) -> sk.StateBackend:
+    """Versions 1..25 with snapshots at 10 and 20, rewritten as statekeeper 0.1 wrote them;
+    nothing collected yet."""
+    config = sk.StoreConfig(local_dir=str(tmp_path / "w"), snapshot_every=10, retain_versions=1000)
+    backend = sk.StateBackend(str(tmp_path / "root"), config=config)
+    with backend.open("op", 0) as store:
+        for v in range(1, 26):
+            store.put(b"key%03d" % v, b"%d" % v)
+            store.put(b"last", b"%d" % v)
+            store.commit()
+            backend.wait_for_snapshots()
+    backend.close()
+    to_format1(tmp_path / "root")
+    return _cold(tmp_path, "c")
+
+
+def _cold(tmp_path: Path, local: str, **options: object) -> sk.StateBackend:
+    config = sk.StoreConfig(local_dir=str(tmp_path / local), **options)  # type: ignore[arg-type]
+    return sk.StateBackend(str(tmp_path / "root"), config=config)
+
+
+class _DiesHalfWay(LocalBlobStore):
+    """A blob store whose bulk delete removes half the keys, then fails (a GC killed)."""
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        keys = sorted(keys)
+        super().delete_many(keys[::2])
+        raise StorageError(f"connection lost after deleting {len(keys[::2])} of {len(keys)}")
+
+
+def test_format1_root_verifies_and_opens(tmp_path: Path) -> None:
+    backend = _format1_root(tmp_path)
+    assert not list((tmp_path / "root" / "op/0").glob("manifest/*"))
+    for deep in (False, True):
+        report = backend.verify(deep=deep)
+        assert report.ok, report.problems
+        assert report.expired == []
+    with backend.open("op", 0) as store:
+        assert store.version == 25
+        assert store.get(b"last") == b"25"
+
+
+def test_format1_changelog_stored_under_another_version_is_reported(tmp_path: Path) -> None:
+    backend = _format1_root(tmp_path)
+    root = tmp_path / "root"
+    target = layout.changelog_key("op", 0, 23)
+    shutil.copyfile(root / layout.changelog_key("op", 0, 22), root / target)
+    for deep in (False, True):
+        problems = backend.verify(deep=deep).problems
+        corrupt = [p for p in problems if p.kind == "corrupt"]
+        assert [p.blob for p in corrupt] == [target], problems
+        assert "version 23" in corrupt[0].message
+        assert "version 22" in corrupt[0].message
+    with pytest.raises(sk.CorruptStateError, match=target):
+        _cold(tmp_path, "x").open("op", 0)
+
+
+def test_format1_changelog_of_another_store_copied_over_is_reported(tmp_path: Path) -> None:
+    backend = _format1_root(tmp_path)
+    with _cold(tmp_path, "p1").open("other", 0) as store:  # a format-2 store beside it
+        for v in range(1, 24):
+            store.put(b"key", b"other %d" % v)
+            store.commit()
+    foreign = store_history(_cold(tmp_path, "k"), "other", 0).changelog_key(23)
+    target = layout.changelog_key("op", 0, 23)
+    shutil.copyfile(tmp_path / "root" / foreign, tmp_path / "root" / target)
+    problems = backend.verify(deep=False).problems
+    assert [p.blob for p in problems if p.kind == "corrupt"] == [target], problems
+    with pytest.raises(sk.CorruptStateError, match="store other/0") as err:
+        _cold(tmp_path, "y").open("op", 0)
+    assert "store op/0, version 23, attempt format1" in str(err.value)
+
+
+def test_gc_that_died_half_way_is_not_reported_as_damage(tmp_path: Path) -> None:
+    backend = _format1_root(tmp_path)
+    config = sk.StoreConfig(local_dir=str(tmp_path / "g"), retain_versions=8)
+    dying = _DiesHalfWay(str(tmp_path / "root"))
+    root_id = json.loads((tmp_path / "root" / layout.ROOT_METADATA).read_bytes())["rootId"]
+    with pytest.raises(StorageError, match="connection lost"):
+        collect_garbage(dying, config, ["op"], root_id=root_id)
+    left = sorted(p.name for p in (tmp_path / "root/op/0/changelog").iterdir())
+    assert layout.changelog_key("op", 0, 1).rsplit("/", 1)[1] not in left  # it did delete
+    assert layout.changelog_key("op", 0, 2).rsplit("/", 1)[1] in left  # but not everything
+    for version in range(10, 26):  # every version the GC retains still opens
+        with _cold(tmp_path, f"o{version}").open("op", 0, version=version) as store:
+            assert store.get(b"last") == b"%d" % version
+    for deep in (False, True):
+        report = backend.verify(deep=deep)
+        assert report.ok, report.problems
+        assert report.expired, "the leftovers of the GC are listed"
+        assert all(p.kind == "expired" for p in report.expired)
+        assert any("garbage collection" in p.message for p in report.expired)
+    collect_garbage(LocalBlobStore(str(tmp_path / "root")), config, ["op"], root_id=root_id)
+    after = backend.verify(deep=False)
+    assert after.ok, after.problems
+    assert after.expired == []  # the next run finished the job
+
+
+def test_lost_changelog_above_every_base_is_still_damage(tmp_path: Path) -> None:
+    backend = _format1_root(tmp_path)
+    key = layout.changelog_key("op", 0, 22)
+    (tmp_path / "root" / key).unlink()
+    problems = backend.verify(deep=False).problems
+    assert ("missing", key) in {(p.kind, p.blob) for p in problems}, problems
+    assert any(p.kind == "unrestorable" and "23-25" in p.message for p in problems)
+    with pytest.raises(sk.StateNotFoundError, match=key):  # the error names what is missing
+        _cold(tmp_path, "z").open("op", 0, version=25)
+
+
+def test_damaged_newer_manifest_is_reported(tmp_path: Path) -> None:
+    backend = _build(tmp_path)
+    newest = max((tmp_path / "root/op/0/manifest").iterdir())
+    _flip(newest, 20)
+    problems = backend.verify(deep=False).problems
+    assert [p.kind for p in problems] == ["corrupt"], problems
+    assert problems[0].blob == f"op/0/manifest/{newest.name}"
+    assert "newer than the one readers use" in problems[0].message

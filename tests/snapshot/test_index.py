@@ -21,6 +21,7 @@ from statekeeper.snapshot import (
     FileIndex,
     SnapshotIndex,
     SnapshotMetadata,
+    check_metadata,
     iter_files,
     referenced_blob_ids,
 )
@@ -529,3 +530,57 @@ def test_a_changed_digit_anywhere_fails_the_index_checksum() -> None:
     with pytest.raises(CorruptStateError, match="checksum mismatch"):
         SnapshotIndex.from_json(json.dumps(doc).encode(), blob=BLOB)
     assert SnapshotIndex.from_json(seal(doc), blob=BLOB).created_time_ms == doc["createdTimeMs"]
+
+
+# -- identity (schema 2): rootId and attempt in the metadata --------------------------------
+
+
+def identified_index() -> SnapshotIndex:
+    meta = SnapshotMetadata(operator="op", partition=0, version=5, root_id="r00t", attempt="a1")
+    return sample_index(metadata=meta)
+
+
+def test_schema_2_round_trip_names_root_and_attempt() -> None:
+    index = identified_index()
+    assert index.schema_version == 2
+    doc = json.loads(index.to_json())
+    assert doc["schemaVersion"] == 2
+    assert doc["metadata"] == {
+        "operator": "op", "partition": 0, "version": 5, "rootId": "r00t", "attempt": "a1",
+    }  # fmt: skip
+    assert SnapshotIndex.from_json(index.to_json(), blob=BLOB) == index
+    assert sample_index().schema_version == 1  # no identity: what statekeeper 0.1 wrote
+
+
+@pytest.mark.parametrize("field", ["rootId", "attempt"])
+def test_schema_2_requires_both_identity_fields(field: str) -> None:
+    doc = json.loads(identified_index().to_json())
+    del doc["metadata"][field]
+    rejected(doc, "$.metadata", "missing", field)
+
+
+def test_schema_1_refuses_identity_fields() -> None:
+    doc = sample_doc()
+    doc["metadata"]["rootId"] = "r00t"
+    rejected(doc, "$.metadata", "unknown", "rootId")
+
+
+@pytest.mark.parametrize(
+    ("root_id", "attempt"), [("", "a1"), ("r" * 256, "a1"), ("r00t", "bad/attempt"), ("r", None)]
+)
+def test_bad_identity_is_refused(root_id: str, attempt: str | None) -> None:
+    with pytest.raises((TypeError, ValueError)):
+        SnapshotMetadata(operator="op", partition=0, version=5, root_id=root_id, attempt=attempt)
+
+
+def test_check_metadata_names_expected_and_found() -> None:
+    index = identified_index()
+    same = SnapshotMetadata(operator="op", partition=0, version=5, root_id="r00t", attempt="a1")
+    check_metadata(index, blob=BLOB, expected=same, anonymous_ok=False)
+    other = SnapshotMetadata(operator="op", partition=1, version=5, root_id="r00t", attempt="a1")
+    with pytest.raises(CorruptStateError) as info:
+        check_metadata(index, blob=BLOB, expected=other, anonymous_ok=False)
+    assert f"expected {other.describe()}, found {index.metadata.describe()}" in str(info.value)
+    with pytest.raises(CorruptStateError, match="schema 1: no root id or attempt"):
+        check_metadata(sample_index(), blob=BLOB, expected=same, anonymous_ok=False)
+    check_metadata(sample_index(), blob=BLOB, expected=same, anonymous_ok=True)
