@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import struct
+from pathlib import Path
 
 import google_crc32c
 import pytest
@@ -170,3 +171,11 @@ def test_check_identity_works_on_a_header_read_alone() -> None:
 def test_encode_refuses_a_bad_identity(identity: ChangelogIdentity, error: type) -> None:
     with pytest.raises(error, match="identity"):
         encode(identity=identity)
+
+
+def test_format_doc_states_the_identity_bounds() -> None:
+    text = (Path(__file__).parents[2] / "docs" / "format.md").read_text()
+    section = text.split("## Changelog blob", 1)[1].split("\n## ", 1)[0]
+    assert f"at most {MAX_HEADER_SIZE - HEADER_SIZE - 2})" in section
+    assert f"at most {MAX_HEADER_SIZE} bytes" in section
+    assert "| 52 | 2 | format 2 only: identity length" in section
