@@ -24,7 +24,7 @@ from statekeeper.store._restore import restore_copy
 from statekeeper.store._root import FORMAT_VERSION, Retention, RootMetadata, RootRegistry
 from statekeeper.store._snapshots import Snapshotter, remove_stale_checkpoints
 from statekeeper.store._state_store import StateStore
-from statekeeper.store._working_copy import WorkingCopy
+from statekeeper.store._working_copy import DamagedCopyError, WorkingCopy
 from statekeeper.verify import Progress, VerifyReport, verify_root
 
 __all__ = ["StateBackend"]
@@ -398,6 +398,9 @@ class StateBackend:
         if step_back is not None:
             try:
                 _step_back_if_ahead(copy, *step_back)
+            except DamagedCopyError as exc:  # the undo record's block is damaged
+                copy.set_aside(exc)
+                return self._open_copy(name, partition)
             except BaseException:
                 copy.close(flush=False)
                 raise

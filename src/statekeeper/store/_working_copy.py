@@ -305,8 +305,7 @@ class WorkingCopy:
                 batch.put(key, value)
         label = pack_label(version, dirty=dirty, root_id=root_id, attempt=attempt, undo=record)
         batch.put(LABEL_KEY, label)
-        self._write(batch)
-        self._label = parse_label(label)[0]
+        self._write(batch, parse_label(label)[0])
 
     def _undo_record(self, changes: list[tuple[bytes, bytes | None]]) -> bytes | None:
         """The undo record of ``changes`` on top of the labelled version, if it has one."""
@@ -358,13 +357,18 @@ class WorkingCopy:
             label.version, dirty=False, root_id=label.root_id, attempt=label.attempt,
             undo=record,
         ))  # fmt: skip
-        self._write(batch)
-        self._label = Label(label.version, False, label.root_id, label.attempt, label.has_undo)
+        self._write(
+            batch, Label(label.version, False, label.root_id, label.attempt, label.has_undo)
+        )
 
-    def _write(self, batch: rocksdict.WriteBatch) -> None:
+    def _write(self, batch: rocksdict.WriteBatch, label: Label) -> None:
+        """Write ``batch`` and take ``label`` (the one it holds) as the copy's, under the lock
+        a background checkpoint takes: it must never see the data of one version with the
+        label of another."""
         try:
             with self._lock:
                 self._db.write(batch, self._write_opts)
+                self._label = label
         except Exception as exc:  # rocksdict raises a bare Exception for every failure
             raise StateKeeperError(
                 f"cannot write to the local working copy {self.path}: {exc}; {disk_note(self.path)}"
