@@ -10,7 +10,10 @@ checksum mismatch" contains the word "lock"). Instead the cause is measured:
   copy open. The probe must never run while this process holds the lock (closing any
   descriptor of the file would drop RocksDB's own POSIX lock): :class:`WorkingCopy` keeps
   the set of directories it has open in this process and refuses a second open before ever
-  reaching RocksDB, and nothing else in statekeeper opens these directories.
+  reaching RocksDB, and nothing else in statekeeper opens these directories. (Not the
+  ``filelock`` package: it takes ``flock`` locks, which on Linux are independent of POSIX
+  record locks, so it acquires the ``LOCK`` file of a copy another process has open; checked
+  with a real RocksDB holder.)
 * **A full disk** is measured with ``statvfs`` (:func:`disk_note`), and said in the error
   with what to free.
 * **Anything else** (a flipped byte, a truncated file, a restore interrupted half way) means
