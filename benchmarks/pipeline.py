@@ -82,7 +82,6 @@ VARIANTS = {
 }
 PEERS = ("spark_tws_row", "spark_tws_pandas", "spark_apply")
 STATELESS = ("ceiling",)
-INPUT_ARROW = pa.schema([("k", pa.string()), ("v", pa.int64())])
 _TOTALS = np.dtype("<i8")
 
 # -- the workload, once per API (run inside Spark's Python workers) ------------------------
@@ -124,17 +123,23 @@ def sk_arrow_totals(store: Any, batches: Iterator[Any]) -> Iterator[Any]:
     """Vectorized running totals: one group-by, one multi_get and one put_many per partition.
 
     State values are ``(count, sum)`` as two little-endian int64 (16 bytes). Keys are encoded
-    by Arrow kernels (``encode_keys``); the only Python loops are the store calls.
+    by Arrow kernels (``store.state_keys``: the key group Spark computed, then the key); the
+    only Python loops are the store calls.
     """
-    from statekeeper.spark import encode_keys
+    from statekeeper.spark import KEY_GROUP_COLUMN
 
-    table = pa.Table.from_batches(list(batches), schema=INPUT_ARROW)
+    table = pa.Table.from_batches(list(batches))
     if table.num_rows == 0:
         return
-    # Sorted: RocksDB's multi-get and the commit's sort are faster on keys in order.
-    grouped = table.group_by("k").aggregate([("v", "count"), ("v", "sum")]).sort_by("k")
+    # Sorted by key group then key: the store's key order, which RocksDB's multi-get and the
+    # commit's sort are fastest on.
+    grouped = (
+        table.group_by([KEY_GROUP_COLUMN, "k"])
+        .aggregate([("v", "count"), ("v", "sum")])
+        .sort_by([(KEY_GROUP_COLUMN, "ascending"), ("k", "ascending")])
+    )
     names = grouped.column("k")
-    keys = encode_keys([names])
+    keys = store.state_keys(grouped, ["k"])
     zero = bytes(16)
     old = np.frombuffer(b"".join([v or zero for v in store.multi_get(keys)]), dtype=_TOTALS)
     totals = old.reshape(-1, 2) + np.column_stack(

@@ -31,7 +31,13 @@ The processor-facing names (processor, handles, codecs, key tuples) live in
 
 from __future__ import annotations
 
-from statekeeper.epochs import EpochManifest, StoreEntry, latest_epoch, read_manifest
+from statekeeper.epochs import (
+    EpochManifest,
+    StoreEntry,
+    latest_epoch,
+    latest_manifest,
+    read_manifest,
+)
 from statekeeper.keyed import (
     Codec,
     DefaultCodec,
@@ -50,11 +56,13 @@ from statekeeper.spark._keys import encode_keys
 from statekeeper.spark._listener import StateListener, state_listener
 from statekeeper.spark._metrics import BatchMetrics, batch_metrics
 from statekeeper.spark._output import OutputSchemaError
+from statekeeper.spark._partition import KEY_GROUP_COLUMN
 from statekeeper.spark._read import read_state
 from statekeeper.spark._runner import PartitionStore
 from statekeeper.spark._transform import transform_with_state, transform_with_state_arrow
 
 __all__ = [
+    "KEY_GROUP_COLUMN",
     "BatchMetrics",
     "Codec",
     "DefaultCodec",
@@ -76,6 +84,7 @@ __all__ = [
     "encode_key",
     "encode_keys",
     "latest_epoch",
+    "latest_manifest",
     "read_manifest",
     "read_state",
     "state_listener",
