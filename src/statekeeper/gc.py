@@ -56,6 +56,7 @@ from statekeeper.config import StoreConfig
 from statekeeper.errors import CommitConflictError, StateKeeperError, StateNotFoundError
 from statekeeper.history import StoreHistory
 from statekeeper.manifest import (
+    LEGACY_ATTEMPT,
     StoreManifest,
     read_newest_manifest,
     with_base,
@@ -375,9 +376,12 @@ def _new_base(
         if snap.index_blob in checked:
             return snap.version
         try:
+            # Checked to be this root's and this attempt's, as a restore will check it.
             index = load_index(
-                st.blobs, st.operator, st.partition, snap.version, key=snap.index_blob
-            )
+                st.blobs, st.operator, st.partition, snap.version, key=snap.index_blob,
+                root_id=st.root_id or None, attempt=snap.attempt or None,
+                anonymous_ok=snap.attempt in (LEGACY_ATTEMPT, ""),
+            )  # fmt: skip
         except StateKeeperError as exc:
             _log.warning("gc: snapshot %s is unusable as a base: %s", snap.index_blob, exc)
             continue
