@@ -135,6 +135,7 @@ class Actor:
             page_size=self.scenario.page_size,
             lose_put=self.scenario.lose_put,
             on_delete=self._deleted,
+            age_s=self.scenario.blob_age_s,
         )
 
     def _deleted(self) -> None:

@@ -16,6 +16,7 @@ so it is not atomic: writes and deletes of other actors land between pages.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 
 from statekeeper.errors import StateKeeperError
@@ -54,8 +55,11 @@ class SimBlobStore:
         page_size: int | None = None,
         lose_put: int | None = None,
         on_delete: Callable[[], None] | None = None,
+        age_s: float = 0.0,
     ) -> None:
         self._sim = sim
+        # Every blob reads as written ``age_s`` earlier: past any GC grace if large.
+        self._age_s = age_s
         self._on_delete = on_delete
         self._inner = inner
         self._page_size = page_size
@@ -109,7 +113,18 @@ class SimBlobStore:
             sleep=_no_sleep,
         )
 
+    def _aged(self, meta: BlobMeta) -> BlobMeta:
+        if not self._age_s:
+            return meta
+        return dataclasses.replace(meta, last_modified=meta.last_modified - self._age_s)
+
     def head(self, key: str) -> BlobMeta:
+        return self._aged(self._head(key))
+
+    def list(self, prefix: str = "") -> builtins.list[BlobMeta]:
+        return [self._aged(m) for m in self._list(prefix)]
+
+    def _head(self, key: str) -> BlobMeta:
         return call_with_retry(
             RETRY,
             lambda: self._sim.call("head", key, lambda: self._inner.head(key)),
@@ -117,7 +132,7 @@ class SimBlobStore:
             sleep=_no_sleep,
         )
 
-    def list(self, prefix: str = "") -> builtins.list[BlobMeta]:
+    def _list(self, prefix: str) -> builtins.list[BlobMeta]:
         if self._page_size is None:
             return call_with_retry(
                 RETRY,

@@ -44,8 +44,11 @@ class Scenario:
     faults: FaultRates = field(default_factory=FaultRates)
     retain: int = 3
     orphan_ttl_s: float = 1e9
-    """0 (every unreferenced blob is old enough) or 1e9 (none is): GC compares blob ages with
-    the wall clock, so only these two extremes keep a run a function of its seed."""
+    """1e9: no unreferenced blob is ever old enough. GC compares blob ages with the wall clock,
+    so only extremes keep a run a function of its seed; see ``blob_age_s`` for the other."""
+    blob_age_s: float = 0.0
+    """Every blob reads as written this much earlier: with 1e6 every blob is past any grace
+    (GC raises a small ``orphan_ttl_s`` to its floor, so a TTL of 0 alone no longer is)."""
     keys: int = 3
     rerun: float = 0.0
     """Chance that a writer opening a store re-runs an older batch instead of the latest."""
@@ -101,6 +104,7 @@ SCENARIOS = _scenarios(
         faults=_FAULTS,
         retain=2,
         orphan_ttl_s=0,
+        blob_age_s=1e6,
         writer_snapshots=0.25,
         writer_gc=0.2,
         rerun=0.2,
