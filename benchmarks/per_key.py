@@ -161,7 +161,9 @@ def measure_arrow(sizes: list[int], work: Path) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from pipeline import sk_arrow_totals
 
+    from statekeeper.spark import KEY_GROUP_COLUMN
     from statekeeper.spark._runner import run_arrow
+    from statekeeper.store import DEFAULT_KEY_GROUPS as KEY_GROUPS
 
     schema = pa.schema([("k", pa.string()), ("count", pa.int64()), ("sum", pa.int64())])
     config = sk.StoreConfig(local_dir=str(work / "arrow-local"), snapshot_every=1_000_000)
@@ -173,12 +175,20 @@ def measure_arrow(sizes: list[int], work: Path) -> dict[str, Any]:
             for attempt in range(2):  # the second finds the first one's keys in the store
                 rng = np.random.default_rng([rows, attempt])
                 ids = rng.integers(0, 1_000_000, rows).tolist()
-                table = pa.table({"k": [f"k{i}" for i in ids], "v": rng.integers(0, 1000, rows)})
+                # The key group Spark would carry (any value in range: one partition owns all).
+                table = pa.table(
+                    {
+                        "k": [f"k{i}" for i in ids],
+                        "v": rng.integers(0, 1000, rows),
+                        KEY_GROUP_COLUMN: pa.array(np.asarray(ids) % KEY_GROUPS, pa.int32()),
+                    }
+                )
                 with backend.open(name, 0) as store:
                     started = time.perf_counter()
                     out = run_arrow(
                         store, sk_arrow_totals, iter(table.to_batches(max_chunksize=10_000)),
                         output_schema=schema, operator=name, batch_id=store.version, partition=0,
+                        key_groups=KEY_GROUPS, partitions=1,
                     )  # fmt: skip
                     keys = sum(batch.num_rows for batch in out)
                     ran = time.perf_counter() - started
