@@ -1,11 +1,11 @@
 """Key encoding of whole Arrow columns: the task runtime's bulk path to ``encode_key``.
 
-It lives here, not in ``keyed``, because only the Spark layer holds Arrow data (``keyed``
-needs no pyarrow). It writes exactly what :func:`statekeeper.keyed.encode_key` writes, deriving
-each element's tag and terminator from :func:`statekeeper.keyed.encode_element`, so the
-format stays owned by ``keyed``; ``tests/spark/test_keys.py`` checks the two agree. Given
-the rows' key groups, it prefixes each key with :func:`statekeeper.keyed.group_prefix`, as
-the in-store layout of an operator with key groups wants.
+It needs pyarrow, so only the per-partition runner imports it; the keyed layer's other
+modules need no pyarrow. It writes exactly what :func:`statekeeper.keyed.encode_key` writes,
+deriving each element's tag and terminator from :func:`statekeeper.keyed.encode_element`,
+so the format stays owned by ``keyed``; ``tests/spark/test_keys.py`` checks the two agree.
+Given the rows' key groups, it prefixes each key with :func:`statekeeper.keyed.group_prefix`,
+as the in-store layout of an operator with key groups wants.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-from statekeeper.keyed import encode_element, encode_key, group_prefix
+from statekeeper.keyed._layout import group_prefix
+from statekeeper.keyed._tuples import encode_element, encode_key
 
 __all__ = ["encode_keys"]
 

@@ -13,7 +13,10 @@ keys (an SST range filter, disjoint ingests) instead of rewriting them::
     <kg:u16> 0x01 <state> <grouping key> <map key>    map state entry
     <kg:u16> 0x01 <state> <grouping key> 0x00         list state: next sequence number (u64)
     <kg:u16> 0x01 <state> <grouping key> 0x01 <seq:u64>   list state element
+    <kg:u16> 0x03 <grouping key> <expiry ms:u64>      timer of a key (empty value)
     0xFF 0x02 <state> <expiry ms:u64> <data key>      TTL index entry (empty value)
+    0xFF 0x04 <expiry ms:u64> <kg:u16> <grouping key> timer index entry (empty value)
+    0xFF 0x05 "maxEventTimeMs"                        largest event time seen (i64), event time
 
 Operators created by statekeeper 0.1 have no key groups and keep the original layout::
 
@@ -23,6 +26,9 @@ Operators created by statekeeper 0.1 have no key groups and keep the original la
     0x01 <state> <grouping key> 0x00              list state: next sequence number (uint64)
     0x01 <state> <grouping key> 0x01 <seq:u64>    list state element
     0x02 <state> <expiry ms:u64> <data key>       TTL index entry (empty value)
+    0x03 <grouping key> <expiry ms:u64>           timer of a key (empty value)
+    0x04 <expiry ms:u64> <grouping key>           timer index entry (empty value)
+    0x05 "maxEventTimeMs"                         largest event time seen (i64), event time
 
 The operator record says which layout a store uses (``keyGroups``; record format version 2),
 so a reader decodes a store without the root.
@@ -39,6 +45,18 @@ proportional to the entries with a TTL, never a rewrite of the data. The index l
 key-group range never holds an index entry. The operator record's key also falls outside
 the data keys of every key group (its third byte is not ``0x01``); a rescale copies it per
 store and excludes it from range filters by name.
+
+**Timers** follow the TTL index's design. A timer is two entries written and deleted
+together: one under its key's key group (``list_timers`` of a key is one prefix scan; a
+rescale moves it with the key's range), and one in the **timer index**, ordered by expiry
+and then by key, above every key-group prefix: finding the due timers of a micro-batch is
+one sorted scan that stops at the first timer not yet due, so its cost is what fires, never
+the number of timers registered. Like the TTL index, the timer index is derived data: each
+entry ends with the key group and key it fires for, so a rescale rebuilds it per store by one
+pass (keep the entries whose key group falls in the store's range). The largest event time
+seen (``maxEventTimeMs``, a signed 64-bit big-endian int) is the whole operator's (every
+partition records the same value, see :mod:`statekeeper.keyed._timers`); a rescale copies it
+to every new store.
 
 ``<state>``, ``<grouping key>`` and ``<map key>`` use the tuple encoding of ``_tuples`` (self
 delimiting, so one key's prefix never matches another key). Every value written by a handle
@@ -59,6 +77,8 @@ from statekeeper.keyed._tuples import encode_element
 
 __all__ = [
     "DATA",
+    "EVENT_TIME",
+    "GROUPED_TIMER_INDEX",
     "GROUPED_TTL_INDEX",
     "KEY_GROUP",
     "KINDS",
@@ -67,6 +87,8 @@ __all__ = [
     "MAX_KEY_GROUPS",
     "META_KEY",
     "NO_TTL",
+    "TIMER",
+    "TIMER_INDEX",
     "TTL_INDEX",
     "U64",
     "OperatorRecord",
@@ -96,6 +118,15 @@ GROUPED_TTL_INDEX = b"\xff" + TTL_INDEX
 """The TTL index of a store with key groups: above every key-group prefix."""
 MAX_KEY_GROUPS = 0xFF00
 """Key groups fit in two bytes whose first is below ``0xFF`` (the TTL index's area)."""
+
+TIMER = b"\x03"
+"""A key's timer entries (after its key group)."""
+TIMER_INDEX = b"\x04"
+GROUPED_TIMER_INDEX = b"\xff" + TIMER_INDEX
+"""The timer index of a store with key groups: above every key-group prefix."""
+EVENT_TIME = b"\x05maxEventTimeMs"
+"""The key of the largest event time seen (the watermark's source); after ``0xFF`` with key
+groups."""
 
 NO_TTL = b"\x00"
 """The TTL byte of a value without expiry."""

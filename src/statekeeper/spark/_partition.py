@@ -23,6 +23,7 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from statekeeper.errors import StateKeeperError
 from statekeeper.keyed import key_group_range, partition_of_group
+from statekeeper.keyed._runner import KEY_GROUP_COLUMN
 
 __all__ = [
     "KEY_GROUP_COLUMN",
@@ -35,7 +36,6 @@ __all__ = [
 
 TS_COLUMN = "__statekeeper_batch_ts"
 PART_COLUMN = "__statekeeper_partition"
-KEY_GROUP_COLUMN = "__statekeeper_key_group"
 _UNIT_MS = {"s": 1000.0, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
 
 
