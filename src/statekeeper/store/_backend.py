@@ -109,8 +109,11 @@ class StateBackend:
         """Open store (``name``, ``partition``) at ``version`` (default: the latest).
 
         A local working copy at exactly ``version`` is reused without any download; one that
-        is behind replays only the missing changelogs; one that is ahead, or belongs to
-        another root, is discarded and rebuilt.
+        is behind replays only the missing changelogs; one that is one commit ahead (a
+        re-run of the batch) or holds an attempt another one replaced steps back with the
+        undo record of its last commit, without a download; one further ahead, or of
+        another root, is discarded and rebuilt; one RocksDB cannot open or read is set
+        aside (renamed, with a WARNING) and rebuilt.
 
         Args:
             name: the operator name.
