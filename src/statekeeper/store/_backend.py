@@ -128,6 +128,8 @@ class StateBackend:
             ConfigMismatchError: ``partitions`` or ``partition`` contradicts the root.
             CorruptStateError: a changelog fails its checksum or format checks.
             StorageError: the blob store failed.
+            StateKeeperError: the local working copy is in use by another process, or the
+                local disk is full (the message says how full).
         """
         layout.validate_operator(name)
         layout.validate_partition(partition)
