@@ -14,8 +14,10 @@ What a per-key stateful processor is made of, independent of the engine that run
 The handles read and write a :class:`~statekeeper.StateStore` directly; the layout of
 processor state inside a store (operator record, value/map/list entries, TTL index) and the
 value codecs are defined here, so tools read a processor's state without pyspark:
-:func:`iter_state` yields it decoded. :mod:`statekeeper.spark` runs processors on
-streaming DataFrames and re-exports the processor-facing names.
+:func:`iter_state` yields it decoded, :func:`iter_timers` the registered timers.
+:mod:`statekeeper.keyed.testing` runs a processor without Spark (needs pyarrow, pandas).
+:mod:`statekeeper.spark` runs processors on streaming DataFrames and re-exports the
+processor-facing names.
 """
 
 from __future__ import annotations
@@ -39,13 +41,22 @@ from statekeeper.keyed._layout import (
 )
 from statekeeper.keyed._processor import StatefulProcessor, input_form
 from statekeeper.keyed._row_type import build_rows, row_class
+from statekeeper.keyed._timers import (
+    TIME_MODES,
+    ExpiredTimerInfo,
+    TimerEntry,
+    TimerValues,
+    iter_timers,
+)
 from statekeeper.keyed._tuples import decode_key, encode_element, encode_key
 from statekeeper.keyed._values import Codec, DefaultCodec, PickleCodec
 
 __all__ = [
     "MAX_KEY_GROUPS",
+    "TIME_MODES",
     "Codec",
     "DefaultCodec",
+    "ExpiredTimerInfo",
     "ListState",
     "MapState",
     "OperatorRecord",
@@ -55,6 +66,8 @@ __all__ = [
     "StateEntry",
     "StatefulProcessor",
     "StatefulProcessorHandle",
+    "TimerEntry",
+    "TimerValues",
     "Undecoded",
     "ValueState",
     "build_rows",
@@ -64,6 +77,7 @@ __all__ = [
     "group_prefix",
     "input_form",
     "iter_state",
+    "iter_timers",
     "jsonable",
     "key_group_range",
     "partition_of_group",

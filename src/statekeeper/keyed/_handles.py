@@ -34,6 +34,7 @@ from statekeeper.keyed._layout import (
     validate_state_name,
 )
 from statekeeper.keyed._states import ListState, MapState, Ttl, ValueState, _State, ttl_ms
+from statekeeper.keyed._timers import Timers, TimerValues, validate_time_mode, validate_timer
 from statekeeper.keyed._tuples import encode_key
 from statekeeper.keyed._values import Codec, DefaultCodec
 from statekeeper.store import StateStore
@@ -59,17 +60,25 @@ class StatefulProcessorHandle:
         batch_id: int,
         partition: int,
         key_groups: int | None = None,
+        time_mode: str | None = None,
+        timer_values: TimerValues | None = None,
     ) -> None:
         """Wrap ``store`` for one partition and micro-batch; ``now_ms`` is the TTL clock.
+
+        ``time_mode`` (``None``, ``"processing_time"`` or ``"event_time"``) says whether
+        timers may be registered; ``timer_values`` are the batch's clocks.
 
         ``key_groups`` is the operator's number of key groups as the root records it: every
         data key then starts with the current key's key group (see ``_layout``); ``None``
         for an operator of statekeeper 0.1, whose keys carry none.
 
         Raises:
-            ValueError: ``key_groups`` is out of range.
+            ValueError: ``key_groups`` is out of range, or ``time_mode`` unknown.
         """
         self._store = store
+        self._time_mode = validate_time_mode(time_mode)
+        self._timer_values = timer_values or TimerValues(-1 if now_ms is None else now_ms)
+        self._timers = Timers(store, grouped=key_groups is not None)
         self._now_ms = now_ms
         self._batch_id = batch_id
         self._partition = partition
@@ -103,6 +112,64 @@ class StatefulProcessorHandle:
     def batch_timestamp_ms(self) -> int | None:
         """The micro-batch timestamp (ms since the epoch) TTL is measured with."""
         return self._now_ms
+
+    @property
+    def time_mode(self) -> str | None:
+        """The operator's time mode: ``None``, ``"processing_time"`` or ``"event_time"``."""
+        return self._time_mode
+
+    @property
+    def timer_values(self) -> TimerValues:
+        """The micro-batch's processing time and watermark (what timers are compared to)."""
+        return self._timer_values
+
+    def register_timer(self, expiry_ms: int) -> None:
+        """Register a timer of the current key at ``expiry_ms`` (ms since the epoch; processing
+        time or event time as the operator's ``time_mode``); registering it twice keeps one.
+
+        The timer fires once, in the first micro-batch whose clock (batch timestamp, or
+        watermark) is at or after ``expiry_ms``: ``handle_expired_timer`` is then called for
+        the key, whether or not it has input. A timer is state: committed with the batch.
+
+        Raises:
+            StateKeeperError: the operator has no time mode, or there is no current key.
+            TypeError, ValueError: ``expiry_ms`` is not an int in ``[0, 2**64)``.
+        """
+        key = self._timer_key("register_timer")
+        self._timers.register(self._group, key, validate_timer(expiry_ms))
+
+    def delete_timer(self, expiry_ms: int) -> None:
+        """Delete the current key's timer at ``expiry_ms`` (nothing if there is none).
+
+        Raises:
+            StateKeeperError: the operator has no time mode, or there is no current key.
+            TypeError, ValueError: ``expiry_ms`` is not an int in ``[0, 2**64)``.
+        """
+        key = self._timer_key("delete_timer")
+        self._timers.delete(self._group, key, validate_timer(expiry_ms))
+
+    def list_timers(self) -> list[int]:
+        """The current key's registered timers, ascending.
+
+        Raises:
+            StateKeeperError: the operator has no time mode, or there is no current key.
+        """
+        return self._timers.of_key(self._group, self._timer_key("list_timers"))
+
+    def _timer_key(self, call: str) -> bytes:
+        if self._time_mode is None:
+            raise StateKeeperError(
+                f"{call} needs an operator with a time mode: pass time_mode='processing_time' "
+                "or time_mode='event_time' to transform_with_state; this operator has "
+                "time_mode=None"
+            )
+        return self.current_key_bytes()
+
+    def bind_timer_key(self, key: tuple[Any, ...], key_bytes: bytes, group: bytes) -> None:
+        """Bind the states to a key whose timer fires: its tuple, encoded bytes and key-group
+        prefix as the timer index holds them (called by the runner)."""
+        self.set_key(None)
+        self._key, self._key_bytes, self._group = key, key_bytes, group
 
     @property
     def key_groups(self) -> int | None:
@@ -308,8 +375,8 @@ class StatefulProcessorHandle:
         """
         if self._key_bytes is None:
             raise StateKeeperError(
-                "state can only be read or written inside handle_input_rows (there is no "
-                "current grouping key in init or close)"
+                "state and timers can only be used inside handle_input_rows or "
+                "handle_expired_timer (there is no current grouping key in init or close)"
             )
         return self._key_bytes
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from statekeeper.keyed._handles import StatefulProcessorHandle
+from statekeeper.keyed._timers import ExpiredTimerInfo, TimerValues
 
 __all__ = ["ROW_FORMS", "StatefulProcessor", "input_form"]
 
@@ -38,6 +39,10 @@ class StatefulProcessor(abc.ABC):
     A micro-batch may be re-run (task retry, query restart); its state changes must then be
     the same, so a processor must be deterministic for a given input: measure time with
     ``handle.batch_timestamp_ms``, not the wall clock.
+
+    **Timers** (an operator with ``time_mode``): ``handle.register_timer(ms)``,
+    ``delete_timer(ms)`` and ``list_timers()`` act on the current key's timers;
+    :meth:`handle_expired_timer` is called for each timer that fires.
     """
 
     rows: ClassVar[str] = "pandas"
@@ -56,6 +61,24 @@ class StatefulProcessor(abc.ABC):
             rows: the key's rows in arrival order: a pandas DataFrame with every input
                 column, or (``rows = "row"``) a list of rows with named access.
         """
+
+    def handle_expired_timer(
+        self, key: tuple[Any, ...], timer_values: TimerValues, expired_timer_info: ExpiredTimerInfo
+    ) -> Iterator[Any]:
+        """Handle a timer of ``key`` that fired; yield output rows as ``handle_input_rows``.
+
+        Called once per expired timer, after every key's input of the micro-batch, in order
+        of expiry then key, in every partition and micro-batch whether or not the key or
+        the partition received input (an operator with ``time_mode`` set). The timer is
+        deleted before the call; state and timers of ``key`` may be used as in
+        ``handle_input_rows``. The default emits nothing.
+
+        Args:
+            key: the key the timer was registered for.
+            timer_values: the micro-batch's processing time and watermark.
+            expired_timer_info: the timer's expiry.
+        """
+        return iter(())
 
     def close(self) -> None:  # noqa: B027 - optional hook, empty on purpose
         """Called after the last key of a partition that succeeded."""

@@ -27,9 +27,27 @@ from statekeeper.keyed._handles import StatefulProcessorHandle
 from statekeeper.keyed._output import OutputWriter
 from statekeeper.keyed._processor import StatefulProcessor, input_form
 from statekeeper.keyed._row_type import build_rows
+from statekeeper.keyed._timers import (
+    ExpiredTimerInfo,
+    Timers,
+    TimerValues,
+    read_max_event_time,
+    validate_time_mode,
+    watermark_of,
+    write_max_event_time,
+)
+from statekeeper.keyed._tuples import decode_key
 from statekeeper.store import StateStore
 
-__all__ = ["KEY_GROUP_COLUMN", "RunStats", "iter_groups", "run_processor"]
+__all__ = [
+    "KEY_GROUP_COLUMN",
+    "BatchTime",
+    "RunStats",
+    "TimeSpec",
+    "event_times_ms",
+    "iter_groups",
+    "run_processor",
+]
 
 KEY_GROUP_COLUMN = "__statekeeper_key_group"
 """The input column that carries each row's key group (dropped before the processor)."""
@@ -43,6 +61,9 @@ class RunStats:
     rows_out: int = 0
     keys: int = 0
     expired: int = 0
+    late_rows: int = 0
+    """Input rows dropped because their event time was at or before the watermark."""
+    timers_fired: int = 0
 
 
 def iter_groups(table: Any, keys: Sequence[str]) -> Iterator[tuple[tuple[Any, ...], Any]]:
@@ -126,6 +147,125 @@ def _group_starts(table: Any, keys: Sequence[str]) -> Any:
     return np.concatenate([[0], np.flatnonzero(change) + 1]).astype(np.int64)
 
 
+@dataclass(frozen=True)
+class TimeSpec:
+    """An operator's time mode and event time (fixed per operator).
+
+    Attributes:
+        time_mode: ``None``, ``"processing_time"`` or ``"event_time"``.
+        event_time_column: the input column of event times (a timestamp); event time only.
+        watermark_delay_ms: how far the watermark trails the largest event time seen.
+    """
+
+    time_mode: str | None = None
+    event_time_column: str | None = None
+    watermark_delay_ms: int = 0
+
+    def __post_init__(self) -> None:
+        """Check the combination.
+
+        Raises:
+            ValueError: an unknown mode, a column without event time or event time without
+                a column, or a negative delay.
+        """
+        validate_time_mode(self.time_mode)
+        event = self.time_mode == "event_time"
+        if event != (self.event_time_column is not None):
+            raise ValueError(
+                "time_mode='event_time' needs event_time_column=<a timestamp column>, and "
+                "event_time_column needs time_mode='event_time'; got time_mode="
+                f"{self.time_mode!r}, event_time_column={self.event_time_column!r}"
+            )
+        if self.watermark_delay_ms < 0:
+            raise ValueError(f"watermark_delay must be >= 0, got {self.watermark_delay_ms} ms")
+
+
+@dataclass(frozen=True)
+class BatchTime:
+    """One micro-batch's clocks, given by the engine.
+
+    Attributes:
+        batch_max_event_ms: the largest event time of the whole micro-batch (every
+            partition's rows); ``None``: this partition's rows only (one partition).
+        watermark_ms: overrides the watermark derived from the store (tests).
+    """
+
+    batch_max_event_ms: int | None = None
+    watermark_ms: int | None = None
+
+
+_NO_TIME = TimeSpec()
+
+
+def event_times_ms(column: Any) -> Any:
+    """An Arrow timestamp column as int64 ms since the epoch (rounded down).
+
+    Raises:
+        TypeError: not a timestamp column.
+    """
+    if not pa.types.is_timestamp(column.type):
+        raise TypeError(f"the event-time column must be a timestamp, found {column.type}")
+    raw = column.cast(pa.int64())
+    unit = column.type.unit
+    if unit == "ms":
+        return raw
+    if unit == "s":
+        return pc.multiply(raw, 1000)
+    per_ms = 1000.0 if unit == "us" else 1_000_000.0
+    return pc.floor(pc.divide(raw.cast(pa.float64()), per_ms)).cast(pa.int64())
+
+
+def _late(table: Any, time: TimeSpec, watermark_ms: int, stats: RunStats) -> tuple[Any, int | None]:
+    """``table`` without its late rows (event time at or before the watermark, as Spark
+    drops them), and the largest event time of all its rows."""
+    if time.event_time_column is None or table.num_rows == 0:
+        return table, None
+    ms = event_times_ms(table.column(time.event_time_column))
+    top = pc.max(ms).as_py()
+    keep = pc.fill_null(pc.greater(ms, watermark_ms), True)
+    kept = table.filter(keep)
+    stats.late_rows += table.num_rows - kept.num_rows
+    return kept, top
+
+
+def _clocks(
+    store: StateStore, time: TimeSpec, now_ms: int | None, batch: BatchTime, grouped: bool
+) -> TimerValues:
+    watermark = -1
+    if time.time_mode == "event_time":
+        if batch.watermark_ms is not None:
+            watermark = batch.watermark_ms
+        else:
+            recorded = read_max_event_time(store, grouped=grouped)
+            watermark = watermark_of(recorded, time.watermark_delay_ms)
+    return TimerValues(-1 if now_ms is None else now_ms, watermark)
+
+
+def _fire_timers(
+    handle: StatefulProcessorHandle,
+    processor: StatefulProcessor,
+    writer: OutputWriter,
+    time: TimeSpec,
+    arity: int,
+    stats: RunStats,
+) -> Iterator[Any]:
+    """Call ``handle_expired_timer`` for every timer due by the batch's clock, deleting
+    each as it fires; timers registered meanwhile wait for a later batch."""
+    values = handle.timer_values
+    upto = values.watermark_ms if time.time_mode == "event_time" else values.processing_time_ms
+    if time.time_mode is None or upto < 0:
+        return
+    timers = Timers(handle._store, grouped=handle.key_groups is not None)
+    for expiry, group, key_bytes in timers.due(upto):
+        timers.delete(group, key_bytes, expiry)
+        key = decode_key(key_bytes, arity)[0]
+        handle.bind_timer_key(key, key_bytes, group)
+        yield from writer.extend(
+            processor.handle_expired_timer(key, values, ExpiredTimerInfo(expiry))
+        )
+        stats.timers_fired += 1
+
+
 def run_processor(
     store: StateStore,
     processor: StatefulProcessor,
@@ -140,39 +280,69 @@ def run_processor(
     key_schema: str | None = None,
     stats: RunStats | None = None,
     key_groups: int | None = None,
+    time: TimeSpec = _NO_TIME,
+    batch: BatchTime | None = None,
 ) -> Iterator[Any]:
     """Run ``processor`` over one partition's input; yields checked output batches.
 
     Writes go to ``store`` uncommitted; the caller commits after the last batch. With
     ``key_groups`` (the operator's, as the root records them), ``table`` must hold each
     row's key group in :data:`KEY_GROUP_COLUMN`, and every state key starts with it.
+    With event time, late rows are dropped first (counted in ``stats.late_rows``) and the
+    largest event time seen (``batch.batch_max_event_ms``, or this table's) is recorded in
+    the store, the source of the next batch's watermark. After the input, every timer
+    due by the batch's clock fires.
 
     Raises:
         OutputSchemaError: an output batch does not match ``output_schema``.
         ConfigMismatchError: the keys or a state's kind differ from what the store holds.
+        TypeError: the event-time column is not a timestamp.
         Exception: whatever the processor raises.
     """
     stats = stats if stats is not None else RunStats()
+    batch = batch if batch is not None else BatchTime()
     stats.rows_in += table.num_rows
     form = input_form(processor)
-    where = f"operator {operator!r} partition {partition} micro-batch {batch_id}"
+    grouped_layout = key_groups is not None
+    values = _clocks(store, time, now_ms, batch, grouped_layout)
+    table, top = _late(table, time, values.watermark_ms, stats)
     handle = StatefulProcessorHandle(
-        store, now_ms=now_ms, batch_id=batch_id, partition=partition, key_groups=key_groups
-    )
+        store, now_ms=now_ms, batch_id=batch_id, partition=partition, key_groups=key_groups,
+        time_mode=time.time_mode, timer_values=values,
+    )  # fmt: skip
     processor.init(handle)
     handle.record_operator(keys, key_schema=key_schema, operator=operator)
+    where = f"operator {operator!r} partition {partition} micro-batch {batch_id}"
     writer = OutputWriter(output_schema, where, frames=form == "pandas")
-    grouped = _Grouped.of(table, keys, grouped=key_groups is not None)
-    if grouped is not None:
-        handle.visit_keys(grouped.encoded, grouped.groups)
-        inputs = grouped.rows() if form == "row" else grouped.frames()
-        select, handle_rows, extend = handle.select, processor.handle_input_rows, writer.extend
-        for position, (key, rows) in enumerate(zip(grouped.keys, inputs, strict=True)):
-            select(position, key)
-            yield from extend(handle_rows(key, rows))
-        stats.keys += len(grouped.keys)
+    yield from _run_keys(handle, processor, writer, table, keys, form, stats)
+    yield from _fire_timers(handle, processor, writer, time, len(keys), stats)
     handle.set_key(None)
     processor.close()
     yield from writer.flush()
     stats.rows_out += writer.rows_out
     stats.expired += handle.expire()
+    if time.time_mode == "event_time":
+        tops = [t for t in (top, batch.batch_max_event_ms) if t is not None]
+        write_max_event_time(store, max(tops) if tops else None, grouped=grouped_layout)
+
+
+def _run_keys(
+    handle: StatefulProcessorHandle,
+    processor: StatefulProcessor,
+    writer: OutputWriter,
+    table: Any,
+    keys: Sequence[str],
+    form: str,
+    stats: RunStats,
+) -> Iterator[Any]:
+    """``handle_input_rows`` for every key of ``table``, in key order."""
+    grouped = _Grouped.of(table, keys, grouped=handle.key_groups is not None)
+    if grouped is None:
+        return
+    handle.visit_keys(grouped.encoded, grouped.groups)
+    inputs = grouped.rows() if form == "row" else grouped.frames()
+    select, handle_rows, extend = handle.select, processor.handle_input_rows, writer.extend
+    for position, (key, rows) in enumerate(zip(grouped.keys, inputs, strict=True)):
+        select(position, key)
+        yield from extend(handle_rows(key, rows))
+    stats.keys += len(grouped.keys)

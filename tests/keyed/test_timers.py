@@ -1,0 +1,163 @@
+"""Timers and event time, run through the processor test harness (the Spark task's path)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from statekeeper import StateKeeperError
+from statekeeper.keyed import (
+    ExpiredTimerInfo,
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    TimerValues,
+)
+from statekeeper.keyed.testing import ProcessorTester
+
+OUT = pa.schema([("k", pa.string()), ("n", pa.int64()), ("what", pa.string())])
+UTC = dt.UTC
+
+
+class Session(StatefulProcessor):
+    """Counts a key's rows; (re)arms one timer 10 ms after the clock; the timer emits and
+    clears the count."""
+
+    rows = "row"
+
+    def __init__(self, clock: str = "processing") -> None:
+        self.clock = clock
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.n = handle.value_state("n")
+
+    def _now(self) -> int:
+        values = self.handle.timer_values
+        if self.clock == "processing":
+            return values.processing_time_ms
+        return values.watermark_ms
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        n = (self.n.get() or 0) + len(rows)
+        self.n.update(n)
+        for old in self.handle.list_timers():
+            self.handle.delete_timer(old)
+        if self.clock == "event":
+            latest = max(r.ts for r in rows)
+            self.handle.register_timer(int(latest.timestamp() * 1000) + 10)
+        else:
+            self.handle.register_timer(self._now() + 10)
+        yield (key[0], n, "in")
+
+    def handle_expired_timer(
+        self, key: tuple[Any, ...], timer_values: TimerValues, expired_timer_info: ExpiredTimerInfo
+    ) -> Iterator[Any]:
+        yield (key[0], self.n.get(), f"timer@{expired_timer_info.get_expiry_time_in_ms()}")
+        self.n.clear()
+
+
+def _ts(ms: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def test_processing_time_timers_fire_once_in_order_of_expiry_without_input() -> None:
+    with ProcessorTester(Session(), keys="k", output_schema=OUT, time_mode="processing_time") as t:
+        t.processing_time_ms = 100
+        assert t.run([{"k": "b"}, {"k": "a"}]) == [
+            {"k": "a", "n": 1, "what": "in"},
+            {"k": "b", "n": 1, "what": "in"},
+        ]
+        t.processing_time_ms = 105
+        t.run([{"k": "a"}])  # re-arms a at 115
+        assert t.timers() == [(("b",), 110), (("a",), 115)]
+        t.processing_time_ms = 110  # due: expiry <= batch timestamp
+        assert t.run([]) == [{"k": "b", "n": 1, "what": "timer@110"}]
+        assert t.stats.timers_fired == 1
+        assert t.timers() == [(("a",), 115)]
+        t.processing_time_ms = 1_000
+        assert t.run([]) == [{"k": "a", "n": 2, "what": "timer@115"}]
+        assert t.run([]) == []  # fired once
+        assert t.timers() == []
+        assert t.state() == []
+
+
+def test_timers_survive_a_restart_on_an_empty_local_dir(tmp_path: Path) -> None:
+    def tester() -> ProcessorTester:
+        return ProcessorTester(
+            Session(), keys="k", output_schema=OUT, time_mode="processing_time",
+            directory=tmp_path,
+        )  # fmt: skip
+
+    with tester() as t:
+        t.run([{"k": str(i)} for i in range(50)])
+    shutil.rmtree(tmp_path / "local")
+    with tester() as t:
+        assert sorted(t.timers()) == sorted(((str(i),), 10) for i in range(50))
+        t.processing_time_ms = 10
+        fired = t.run([])
+    assert sorted(r["k"] for r in fired) == sorted(str(i) for i in range(50))
+
+
+def test_a_timer_without_a_time_mode_is_refused_and_nothing_is_committed() -> None:
+    with ProcessorTester(Session(), keys="k", output_schema=OUT) as t:
+        with pytest.raises(StateKeeperError, match="time_mode='processing_time'"):
+            t.run([{"k": "a"}])
+        assert t.batch_id == 0
+
+
+def test_timer_arguments_are_checked() -> None:
+    class Bad(Session):
+        def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+            self.handle.register_timer(-1)
+            yield from ()
+
+    tester = ProcessorTester(Bad(), keys="k", output_schema=OUT, time_mode="processing_time")
+    with tester as t, pytest.raises(ValueError, match=r"got -1"):
+        t.run([{"k": "a"}])
+
+
+def test_event_time_watermark_late_rows_and_timers() -> None:
+    tester = ProcessorTester(
+        Session("event"), keys="k", output_schema=OUT, time_mode="event_time",
+        event_time_column="ts", watermark_delay=0.005,
+    )  # fmt: skip
+    with tester as t:
+        out = t.run([{"k": "a", "ts": _ts(100)}, {"k": "b", "ts": _ts(50)}])
+        assert [r["n"] for r in out] == [1, 1]  # watermark 0: nothing late
+        # watermark = 100 - 5 = 95: b's timer at 60 fires; a row at 95 is late, 96 is not
+        out = t.run([{"k": "c", "ts": _ts(95)}, {"k": "d", "ts": _ts(96)}])
+        assert out == [
+            {"k": "d", "n": 1, "what": "in"},
+            {"k": "b", "n": 1, "what": "timer@60"},
+        ]
+        assert t.stats.late_rows == 1
+        # watermark = 96 - 5... stays 95 (max event time is still 100): nothing fires
+        assert t.run([]) == []
+        t.watermark_ms = 200  # set by hand
+        assert [r["what"] for r in t.run([])] == ["timer@106", "timer@110"]
+
+
+def test_bad_time_arguments_fail_before_any_state() -> None:
+    with pytest.raises(ValueError, match="watermark_delay must be 0 or more"):
+        ProcessorTester(
+            Session(), keys="k", output_schema=OUT, time_mode="event_time",
+            event_time_column="ts", watermark_delay=-1,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="needs event_time_column"):
+        ProcessorTester(Session(), keys="k", output_schema=OUT, time_mode="event_time")
+    with pytest.raises(ValueError, match="time_mode must be"):
+        ProcessorTester(Session(), keys="k", output_schema=OUT, time_mode="wall")
+    tester = ProcessorTester(
+        Session("event"), keys="k", output_schema=OUT, time_mode="event_time",
+        event_time_column="ts",
+    )  # fmt: skip
+    with tester as t:
+        with pytest.raises(TypeError, match="must be a timestamp, found int64"):
+            t.run([{"k": "a", "ts": 5}])
+        assert t.batch_id == 0
