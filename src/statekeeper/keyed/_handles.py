@@ -375,8 +375,9 @@ class StatefulProcessorHandle:
         """
         if self._key_bytes is None:
             raise StateKeeperError(
-                "state and timers can only be used inside handle_input_rows or "
-                "handle_expired_timer (there is no current grouping key in init or close)"
+                "state can only be read or written inside handle_input_rows (or "
+                "handle_expired_timer, as timers): there is no current grouping key in init "
+                "or close"
             )
         return self._key_bytes
 
