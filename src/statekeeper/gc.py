@@ -53,7 +53,12 @@ from dataclasses import dataclass, field
 
 from statekeeper import layout
 from statekeeper.config import StoreConfig
-from statekeeper.errors import CommitConflictError, StateKeeperError, StateNotFoundError
+from statekeeper.errors import (
+    CommitConflictError,
+    CorruptStateError,
+    StateKeeperError,
+    StateNotFoundError,
+)
 from statekeeper.history import StoreHistory
 from statekeeper.manifest import (
     LEGACY_ATTEMPT,
@@ -418,6 +423,12 @@ def _protected(st: _Store, manifest: StoreManifest) -> set[str]:
             index = load_index(st.blobs, st.operator, st.partition, version, key=key)
         except StateNotFoundError:
             continue  # deleted already: nothing of it to keep
+        except CorruptStateError as exc:
+            # No restore can use it (its checksum or identity fails): its files are kept
+            # only by the snapshots that name them too, or by their age. Skipping the whole
+            # store instead would let its changelogs pile up forever.
+            _log.warning("gc: snapshot %s is unusable, its files are not protected: %s", key, exc)
+            continue
         keys |= _file_keys(st, index)
     return keys
 

@@ -211,7 +211,9 @@ class _StoreCheck:
             return
         assert manifest is not None
         self._check_newer_manifests(manifest)
+        # Apart: a broken snapshot of version v leaves its changelog (and the other way round).
         broken: set[int] = set()
+        broken_changelogs: set[int] = set()
         indexes = {s.version: (s.index_blob, s.attempt) for s in manifest.snapshots}
         for ve in manifest.versions:
             if ve.kind == "snapshot" and ve.version not in indexes:
@@ -230,9 +232,9 @@ class _StoreCheck:
         for ve in manifest.versions:
             if ve.kind == "changelog":
                 if not self._check_changelog(ve.blob, ve.version, ve.attempt, manifest.root_id):
-                    broken.add(ve.version)
+                    broken_changelogs.add(ve.version)
                 self._advance(progress, total)
-        self._check_manifest_restorable(manifest, broken)
+        self._check_manifest_restorable(manifest, broken, broken_changelogs)
 
     def _check_newer_manifests(self, manifest: StoreManifest) -> None:
         """A newer manifest than the one read failed its checks (readers skip it with a
@@ -255,11 +257,15 @@ class _StoreCheck:
                 f"({manifest.seq}) and is skipped: {why}",
             )  # fmt: skip
 
-    def _check_manifest_restorable(self, manifest: StoreManifest, broken: set[int]) -> None:
+    def _check_manifest_restorable(
+        self, manifest: StoreManifest, broken: set[int], broken_changelogs: set[int]
+    ) -> None:
         history = StoreHistory.from_manifest(manifest)
         # What a restore can still reach, falling back past broken snapshots (invariant 6).
         usable = dataclasses.replace(
-            history, changelogs=history.changelogs - broken, snapshots=history.snapshots - broken
+            history,
+            changelogs=history.changelogs - broken_changelogs,
+            snapshots=history.snapshots - broken,
         )
         lost = sorted(set(history.restorable_versions()) - set(usable.restorable_versions()))
         if lost:

@@ -227,3 +227,39 @@ def test_snapshot_mode_commits_are_snapshots_and_conflicts_are_detected(tmp_path
     with b.open("op", 0) as store:  # b's local copy holds an uncommitted version: rebuilt
         assert store.restore_info.base_kind == "snapshot"
         assert _state(store) == {b"k": b"a"}
+
+
+def test_a_corrupt_previous_index_means_a_full_upload_not_a_stuck_store(tmp_path: Path) -> None:
+    """Issue 13 item 5: snapshots go on (in full, said in their metrics), verify names the
+    damaged index, and GC moves past it instead of skipping the store forever."""
+    config = _config(tmp_path, "w", snapshot_every=1000, retain_versions=2)
+    backend = sk.StateBackend(str(tmp_path / "root"), config=config)
+    with backend.open("op", 0, partitions=1) as store:
+        _fill(store, 0, 50)
+        store.commit()
+        first = store.snapshot_now()
+        assert first is not None
+        broken = first.index_blob
+        data = bytearray(backend.blobs.get(broken))
+        data[len(data) // 2] ^= 0xFF
+        backend.blobs.put(broken, bytes(data), overwrite=True)
+        for version in (2, 3, 4):
+            _fill(store, version * 10, 5)
+            store.commit()
+        metrics = store.snapshot_now()
+        for version in (5, 6):
+            _fill(store, version * 10, 5)
+            store.commit()
+    assert metrics is not None
+    assert metrics.files_reused == 0
+    assert metrics.files_uploaded > 0
+    assert metrics.full_upload_reason is not None
+    assert broken in metrics.full_upload_reason
+    report = backend.verify(deep=False)
+    assert [p.blob for p in report.problems] == [broken]
+    assert backend.gc().stores["op/0"].base == 4
+    assert backend.verify(deep=True).ok
+    cold = sk.StateBackend(str(tmp_path / "root"), config=_config(tmp_path, "cold"))
+    with cold.open("op", 0) as store:
+        assert (store.restore_info.base_kind, store.restore_info.base) == ("snapshot", 4)
+        assert store.version == 6

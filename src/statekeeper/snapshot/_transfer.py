@@ -54,6 +54,8 @@ class SnapshotMetrics:
         files_removed: files of the previous snapshot that no longer exist.
         duration_s: wall time of the whole upload.
         index_blob: key of the index blob written.
+        full_upload_reason: why nothing was diffed against the previous snapshot although
+            there is one (its index is corrupt or missing); ``None`` otherwise.
     """
 
     files_uploaded: int
@@ -63,6 +65,7 @@ class SnapshotMetrics:
     files_removed: int
     duration_s: float
     index_blob: str
+    full_upload_reason: str | None = None
 
 
 def check_transfer_args(*, io_threads: int, chunk_size: int = 1) -> None:

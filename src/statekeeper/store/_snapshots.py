@@ -15,6 +15,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from statekeeper import layout
@@ -231,7 +232,7 @@ class Snapshotter:
         )
 
     def _upload(self, job: SnapshotJob, path: Path, version: int, attempt: str) -> SnapshotMetrics:
-        previous, previous_key, trust = self._previous(job, version)
+        previous, previous_key, trust, unusable = self._previous(job, version)
         job.index_key = layout.attempt_snapshot_key(
             job.operator, job.partition, version, uuid.uuid4().hex
         )
@@ -252,12 +253,13 @@ class Snapshotter:
             attempt=attempt or None,
         )
         job.copy.set_lineage(index.checkpoint_id, version)
-        return metrics
+        return metrics if unusable is None else replace(metrics, full_upload_reason=unusable)
 
     def _previous(
         self, job: SnapshotJob, version: int
-    ) -> tuple[SnapshotIndex | None, str | None, bool]:
-        """The index to diff against, its key, and whether its file names can be trusted.
+    ) -> tuple[SnapshotIndex | None, str | None, bool, str | None]:
+        """The index to diff against, its key, whether its file names can be trusted, and
+        why a previous snapshot is unusable (then the upload is a full one).
 
         The newest registered snapshot below ``version`` is diffed against; garbage
         collection keeps its files for ``orphan_ttl_s`` after it stops naming it, and the
@@ -268,7 +270,7 @@ class Snapshotter:
         """
         older = [s for s in job.manifest.snapshots if s.version < version]
         if not older:
-            return None, None, False
+            return None, None, False, None
         newest = older[-1]
         try:
             index = load_index(
@@ -281,9 +283,10 @@ class Snapshotter:
                 "snapshot of %s/%s@%s uploads in full: its previous snapshot is unusable: %s",
                 job.operator, job.partition, version, exc,
             )  # fmt: skip
-            return None, None, False
+            return None, None, False, f"previous snapshot {newest.index_blob} is unusable: {exc}"
         lineage = job.copy.lineage
-        return index, newest.index_blob, lineage is not None and lineage[0] == index.checkpoint_id
+        trusted = lineage is not None and lineage[0] == index.checkpoint_id
+        return index, newest.index_blob, trusted, None
 
 
 def remove_stale_checkpoints(copy_path: str) -> None:
