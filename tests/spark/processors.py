@@ -176,3 +176,27 @@ class AppendScaled(StatefulProcessor):
         self.last.update(scaled[-1])
         every = self.values.get()
         yield pd.DataFrame({"k": [key[0]], "count": [len(every)], "sum": [sum(every)]})
+
+
+class EventSessions(StatefulProcessor):
+    """Counts a key's rows (Row form); one event-time timer 10 s after the key's latest
+    row closes the session: it emits the count and clears it."""
+
+    rows = "row"
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.count = handle.value_state("count")
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        n = (self.count.get() or 0) + len(rows)
+        self.count.update(n)
+        for old in self.handle.list_timers():
+            self.handle.delete_timer(old)
+        latest = max(int(r.ts.timestamp() * 1000) for r in rows)
+        self.handle.register_timer(latest + 10_000)
+        yield (key[0], n, "open", self.handle.batch_id)
+
+    def handle_expired_timer(self, key: Any, timer_values: Any, info: Any) -> Iterator[Any]:
+        yield (key[0], self.count.get(), "closed", self.handle.batch_id)
+        self.count.clear()

@@ -41,6 +41,7 @@ costs no shuffle bytes; it reaches the Python worker as one constant column.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -69,12 +70,22 @@ from statekeeper.spark._partition import (
 )
 from statekeeper.spark._reports import TaskIdentity, report_task
 from statekeeper.spark._runner import ArrowFunction, RunStats, run_arrow, run_processor
+from statekeeper.spark._time import (
+    HEARTBEAT_COLUMN,
+    TimeSpec,
+    refuse_legacy_time,
+    refuse_unused_timers,
+    split_heartbeats,
+    time_spec,
+    with_heartbeats,
+)
 from statekeeper.storage import open_blob_store
 from statekeeper.store import CommitInfo, StateBackend, StateStore
 
 __all__ = ["transform_with_state", "transform_with_state_arrow"]
 
-_RESERVED = (TS_COLUMN, PART_COLUMN, KEY_GROUP_COLUMN)
+_NO_TIME = TimeSpec()
+_RESERVED = (TS_COLUMN, PART_COLUMN, KEY_GROUP_COLUMN, HEARTBEAT_COLUMN)
 _KEY_TYPES = (
     T.StringType,
     T.BinaryType,
@@ -102,6 +113,8 @@ class _TaskSpec:
     generation: int
     key_groups: int | None
     """The operator's key groups as the root records them (``None``: a 0.1 operator)."""
+    time: TimeSpec = _NO_TIME
+    """The operator's time mode and event time."""
 
     @property
     def partitioning(self) -> Partitioning:
@@ -124,8 +137,18 @@ def transform_with_state(
     config: StoreConfig | None = None,
     storage_options: Mapping[str, str] | None = None,
     lock_timeout_s: float = 120.0,
+    time_mode: str | None = None,
+    event_time_column: str | None = None,
+    watermark_delay: float | dt.timedelta = 0,
 ) -> DataFrame:
     """Run ``processor`` per key of a streaming DataFrame, with state in ``checkpoint``.
+
+    **Time** (after Spark's ``transformWithState``, see :mod:`statekeeper.spark._time`):
+    with ``time_mode="processing_time"`` timers compare with the micro-batch timestamp; with
+    ``time_mode="event_time"`` they compare with the watermark, ``max(0, E - delay)`` where
+    ``E`` is the largest ``event_time_column`` of earlier micro-batches; rows at or before
+    the watermark are dropped before the processor. In both modes every timer that is due
+    fires in every micro-batch, in every partition, with or without input.
 
     Args:
         df: a streaming DataFrame.
@@ -138,15 +161,21 @@ def transform_with_state(
         config: store configuration (``local_dir``, snapshots, retention, ...).
         storage_options: object store options (credentials, endpoint); sent to executors.
         lock_timeout_s: how long a task waits for a working copy another process holds.
+        time_mode: ``None`` (no timers), ``"processing_time"`` or ``"event_time"``.
+        event_time_column: with ``"event_time"``, a timestamp column of ``df``.
+        watermark_delay: seconds (or a timedelta) the watermark trails the event time.
 
     Returns:
         A streaming DataFrame of ``output_schema``, usable with any sink.
 
     Raises:
         ValueError: ``df`` is not streaming, a key column is missing or of an unsupported
-            type, or an argument is malformed.
+            type, the event-time column is missing or not a timestamp, a negative delay, a
+            processor with ``handle_expired_timer`` and no time mode, or an argument is
+            malformed.
         TypeError: an argument has the wrong type.
-        ConfigMismatchError: the root records another partition count for ``name``.
+        ConfigMismatchError: the root records another partition count for ``name``, or a
+            time mode is asked of an operator of statekeeper 0.1.
         StateKeeperError: the root cannot be read.
     """
     if not isinstance(processor, StatefulProcessor):
@@ -155,12 +184,17 @@ def transform_with_state(
         )
     key_names = _check_input(df, keys)
     schema = _output_struct(output_schema)
+    timing = time_spec(df, time_mode, event_time_column, watermark_delay)
+    refuse_unused_timers(processor, timing.time_mode)
     spec = _prepare(
         df, key_names, schema, checkpoint, name, partitions, config, storage_options,
-        lock_timeout_s, ts_column=TS_COLUMN,
+        lock_timeout_s, ts_column=TS_COLUMN, timing=timing,
     )  # fmt: skip
     task = functools.partial(_rows_task, spec, processor)
-    return _plan(df, key_names, spec.partitioning, task, schema, with_ts=True)
+    if timing.time_mode is None:
+        return _plan(df, key_names, spec.partitioning, task, schema, with_ts=True)
+    with_beats = functools.partial(with_heartbeats, timing=timing, partitioning=spec.partitioning)
+    return _plan(df, key_names, spec.partitioning, task, schema, with_ts=True, before=with_beats)
 
 
 def transform_with_state_arrow(
@@ -213,8 +247,10 @@ def _plan(
     schema: T.StructType,
     *,
     with_ts: bool,
+    before: Any = None,
 ) -> DataFrame:
-    """Shuffle by key group (or by the keys), tag rows with it, run, end the stage."""
+    """Shuffle by key group (or by the keys), tag rows with it, run, end the stage;
+    ``before(df)`` is applied to the tagged input before the shuffle (heartbeats)."""
     keys = [F.col(_quote(k)) for k in key_names]
     partitions, groups = partitioning.partitions, partitioning.key_groups
     if groups is None:
@@ -223,6 +259,8 @@ def _plan(
         tagged = shuffled.withColumn(PART_COLUMN, F.pmod(F.hash(*keys), F.lit(partitions)))
     else:
         grouped = df.withColumn(KEY_GROUP_COLUMN, F.pmod(F.hash(*keys), F.lit(groups)))
+        if before is not None:
+            grouped = before(grouped)
         # kg * P < 2^31 since P <= G <= 65280
         target = F.expr(f"CAST((`{KEY_GROUP_COLUMN}` * {partitions}) div {groups} AS INT)")
         tagged = grouped.repartitionById(partitions, target)
@@ -296,6 +334,7 @@ def _prepare(
     lock_timeout_s: float,
     *,
     ts_column: str | None,
+    timing: TimeSpec = _NO_TIME,
 ) -> _TaskSpec:
     """Validate, register the operator in the root (checking ``partitions``), start a run."""
     layout.validate_operator(name)
@@ -312,6 +351,7 @@ def _prepare(
     _refuse_speculation(spark)
     blobs = open_blob_store(checkpoint, storage_options, io_threads=config.io_threads)
     with StateBackend(blobs, config=config) as backend:
+        refuse_legacy_time(backend.root_metadata(), name, timing)
         # Refuses another partition count before any state is touched.
         backend.register(name, partitions)
         generation = backend.start_generation(name)
@@ -326,7 +366,7 @@ def _prepare(
     key_schema = T.StructType([df.schema[k] for k in key_names]).json()
     return _TaskSpec(
         store, tuple(key_names), key_schema, _arrow_schema(spark, schema), ts_column,
-        generation, key_groups,
+        generation, key_groups, timing,
     )  # fmt: skip
 
 
@@ -411,6 +451,7 @@ def _rows_task(spec: _TaskSpec, processor: StatefulProcessor, batches: Any) -> I
     assert spec.ts_column is not None
     # keys come together
     table, now_ms, data_partition = collect(batches, spec.ts_column, spec.partitioning)
+    table, batch = split_heartbeats(table, spec.time)
     ctx = _identity(spec, data_partition)
     lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id)
     stats = RunStats()
@@ -419,6 +460,7 @@ def _rows_task(spec: _TaskSpec, processor: StatefulProcessor, batches: Any) -> I
             lease.store, processor, table, keys=spec.keys, output_schema=spec.output_schema,
             operator=spec.store.operator, batch_id=ctx.batch_id, partition=ctx.partition,
             now_ms=now_ms, key_schema=spec.key_schema, stats=stats, key_groups=spec.key_groups,
+            time=spec.time, batch=batch,
         )  # fmt: skip
         info = _commit(lease.store, spec, ctx)
     except BaseException:

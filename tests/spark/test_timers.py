@@ -1,0 +1,133 @@
+"""Timers and event time on Spark: timers fire in partitions without input, late rows are
+dropped, a restart on an empty local dir keeps every timer; bad arguments fail early."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from statekeeper import StateBackend, StoreConfig
+from statekeeper.keyed import iter_timers
+from statekeeper.spark import transform_with_state
+from tests.spark.helpers import run_to_end
+from tests.spark.processors import EventSessions
+
+SCHEMA = "k string, ts timestamp"
+OUT = "k string, n long, what string, batch long"
+T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+
+
+def _write(folder: Path, batches: list[list[tuple[str, int]]], start: int = 0) -> None:
+    """One JSON-lines file per batch of (key, seconds after T0)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    base = time.time() - 1000
+    for i, rows in enumerate(batches, start):
+        lines = [
+            json.dumps({"k": k, "ts": (T0 + dt.timedelta(seconds=s)).isoformat()}) for k, s in rows
+        ]
+        tmp = folder / f".{i}.tmp"
+        tmp.write_text("\n".join(lines) + "\n")
+        os.utime(tmp, (base + i, base + i))
+        tmp.rename(folder / f"part-{i:04d}.json")
+
+
+def _stream(spark: SparkSession, folder: Path) -> DataFrame:
+    folder.mkdir(parents=True, exist_ok=True)
+    return spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(folder))
+
+
+def _sessions(spark: SparkSession, tmp: Path, root: Path, local: str) -> DataFrame:
+    return transform_with_state(
+        _stream(spark, tmp / "in"), keys="k", processor=EventSessions(), output_schema=OUT,
+        checkpoint=str(root), name="sessions", partitions=4, time_mode="event_time",
+        event_time_column="ts", watermark_delay=5,
+        config=StoreConfig(local_dir=str(tmp / local)),
+    )  # fmt: skip
+
+
+def _rows(spark: SparkSession, sink: Path) -> list[tuple[Any, ...]]:
+    return sorted(
+        (r["batch"], r["what"], r["k"], r["n"]) for r in spark.read.parquet(str(sink)).collect()
+    )
+
+
+@pytest.mark.spark
+def test_event_time_timers_fire_without_input_and_survive_a_restart(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    keys = [f"u{i}" for i in range(12)]  # spread over the 4 partitions
+    # batch 0: every key at t=0..11; batches 1-4: only "z", moving event time on
+    _write(tmp_path / "in", [[(k, i) for i, k in enumerate(keys)], [("z", 12)], [("z", 19)]])
+    run_to_end(_sessions(spark, tmp_path, root, "local1"), tmp_path / "sink", tmp_path / "cp")
+    timers = _timers(root, tmp_path / "reader1")
+    # watermark of batch 2 = 12 - 5 = 7 s: u0 (timer at 10 s) .. none yet; all still armed
+    assert len(timers) == len(keys) + 1
+    # A restart with an empty local dir: every timer is restored from the root. A row of
+    # u0 at 3 s in batch 4 is late (watermark 25 s): dropped, u0 does not reopen.
+    shutil.rmtree(tmp_path / "local1")
+    _write(tmp_path / "in", [[("z", 30)], [("z", 100), ("u0", 3)], [("z", 101)]], start=3)
+    run_to_end(_sessions(spark, tmp_path, root, "local2"), tmp_path / "sink", tmp_path / "cp")
+    rows = _rows(spark, tmp_path / "sink")
+    closed = {(k, b) for b, what, k, _ in rows if what == "closed"}
+    # batch 3 sees watermark 19 - 5 = 14 s: the timers of u0..u4 (10..14 s) fire; batch 4
+    # (watermark 25 s) those of u5..u11; z is re-armed by each of its rows, never due
+    assert {k for k, b in closed if b == 3} == {"u0", "u1", "u2", "u3", "u4"}
+    assert {k for k, b in closed if b == 4} == {f"u{i}" for i in range(5, 12)}
+    assert len(closed) == len(keys)
+    assert [k for b, what, k, _ in rows if what == "open" and b > 0] == ["z"] * 5
+    assert all(n == 1 for b, what, k, n in rows if what == "closed" and k != "z")
+    left = _timers(root, tmp_path / "reader2")
+    assert [(t.key, t.expiry_ms) for t in left] == [(("z",), _ms(111))]
+
+
+def _timers(root: Path, local: Path) -> list[Any]:
+    found = []
+    with StateBackend(str(root), config=StoreConfig(local_dir=str(local))) as backend:
+        for partition in range(4):
+            with backend.open("sessions", partition) as store:
+                found += list(iter_timers(store))
+    return found
+
+
+def _ms(seconds: int) -> int:
+    return int((T0 + dt.timedelta(seconds=seconds)).timestamp() * 1000)
+
+
+@pytest.mark.spark
+def test_bad_time_arguments_fail_before_any_state(spark: SparkSession, tmp_path: Path) -> None:
+    df = _stream(spark, tmp_path / "in")
+    root = tmp_path / "root"
+    base = dict(keys="k", processor=EventSessions(), output_schema=OUT, checkpoint=str(root),
+                name="s", partitions=2)  # fmt: skip
+    with pytest.raises(ValueError, match="'nope' is not in the DataFrame"):
+        transform_with_state(df, **base, time_mode="event_time", event_time_column="nope")
+    with pytest.raises(ValueError, match="must be a timestamp column, found string"):
+        transform_with_state(df, **base, time_mode="event_time", event_time_column="k")
+    with pytest.raises(ValueError, match="watermark_delay must be 0 or more"):
+        transform_with_state(
+            df, **base, time_mode="event_time", event_time_column="ts", watermark_delay=-1
+        )
+    with pytest.raises(ValueError, match="time_mode must be None"):
+        transform_with_state(df, **base, time_mode="wall_clock")
+    assert not root.exists()
+
+
+@pytest.mark.spark
+def test_a_timer_processor_without_time_mode_is_refused_before_any_state(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match="EventSessions defines handle_expired_timer"):
+        transform_with_state(
+            _stream(spark, tmp_path / "in"), keys="k", processor=EventSessions(),
+            output_schema=OUT, checkpoint=str(tmp_path / "root"), name="s", partitions=2,
+        )  # fmt: skip
+    assert not (tmp_path / "root").exists()
