@@ -9,7 +9,13 @@ from pathlib import Path
 
 from statekeeper import layout
 from statekeeper.keyed import MAX_KEY_GROUPS
-from statekeeper.keyed._layout import GROUPED_TTL_INDEX, META_KEY
+from statekeeper.keyed._layout import (
+    EVENT_TIME,
+    GROUPED_TIMER_INDEX,
+    GROUPED_TTL_INDEX,
+    META_KEY,
+    TIMER,
+)
 from statekeeper.reports import KEEP_BATCHES, PRUNE_EVERY, TaskReport, encode_report
 from statekeeper.store import DEFAULT_KEY_GROUPS
 
@@ -29,6 +35,14 @@ def test_the_key_group_section_matches_the_layout() -> None:
     assert f'0x{META_KEY[0]:02X} "{META_KEY[1:].decode()}"' in text
     assert "0x{:02X} 0x{:02X} <state> <expiry ms:u64> <data key>".format(*GROUPED_TTL_INDEX) in text
     assert "`g * P div keyGroups == p`" in text
+
+
+def test_the_key_group_section_names_the_timer_layout() -> None:
+    text = _section("Key groups")
+    index = "0x{:02X} 0x{:02X} <expiry ms:u64> <kg:u16> <grouping key>".format(*GROUPED_TIMER_INDEX)
+    assert index in text
+    assert f"<kg:u16> 0x{TIMER[0]:02X} <grouping key> <expiry ms:u64>" in text
+    assert f'0xFF 0x{EVENT_TIME[0]:02X} "{EVENT_TIME[1:].decode()}"' in text
 
 
 def test_the_report_section_names_every_field_and_the_key() -> None:

@@ -61,12 +61,12 @@ from statekeeper.spark._read import read_state
 from statekeeper.spark._runner import PartitionStore
 from statekeeper.spark._transform import transform_with_state, transform_with_state_arrow
 
-__all__ = [
-    "KEY_GROUP_COLUMN",
+__all__ = [  # noqa: RUF022 - plain sorted(), as tests/spark/test_api.py holds it
     "BatchMetrics",
     "Codec",
     "DefaultCodec",
     "EpochManifest",
+    "KEY_GROUP_COLUMN",
     "ListState",
     "MapState",
     "OutputSchemaError",
