@@ -1,0 +1,91 @@
+"""A foreachBatch sink with two actions over the micro-batch (issue 11: re-runs are cheap).
+
+The plan ends with a shuffle (the output stage boundary of ``transform_with_state``), so the
+second action reuses the stateful stage's shuffle output: the stateful tasks run once per
+micro-batch, nothing is restored or committed twice, and every row counts once. (A task that
+does run again, a retry, steps its working copy back one commit: tests/store/test_step_back.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from statekeeper import StoreConfig
+from statekeeper.reports import read_reports
+from statekeeper.spark import read_state, transform_with_state
+from statekeeper.storage import open_blob_store
+from tests.spark.helpers import (
+    OUTPUT_SCHEMA,
+    batch_totals,
+    make_input,
+    read_stream,
+    state_totals,
+    write_files,
+)
+from tests.spark.processors import RunningCountSum
+
+
+class _LoggedTasks(RunningCountSum):
+    """Appends a line to ``log`` each time a task initializes the processor."""
+
+    def __init__(self, log: str) -> None:
+        self.log = log
+
+    def init(self, handle: Any) -> None:
+        with open(self.log, "a") as f:
+            f.write("task\n")
+        super().init(handle)
+
+
+pytestmark = pytest.mark.spark
+
+NAME = "twice"
+PARTITIONS = 2
+
+
+def test_two_actions_per_batch_run_the_stateful_tasks_once(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    batches = make_input(seed=7, files=3, rows=20, keys=6)
+    write_files(tmp_path / "in", batches)
+    root, out = str(tmp_path / "state"), str(tmp_path / "out")
+    counted: list[int] = []
+
+    def sink(batch: Any, batch_id: int) -> None:
+        counted.append(batch.count())  # the first action: runs the stateful tasks
+        batch.write.mode("append").parquet(out)  # the second: runs them again
+
+    processor = _LoggedTasks(str(tmp_path / "tasks.log"))
+    transformed = transform_with_state(
+        read_stream(spark, tmp_path / "in"), "k", processor, OUTPUT_SCHEMA, root, NAME,
+        PARTITIONS, config=StoreConfig(local_dir=str(tmp_path / "local")),
+    )  # fmt: skip
+    query = (
+        transformed.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(180)
+    assert query.exception() is None
+    assert len(counted) == len(batches)
+
+    assert state_totals(read_state(spark, root, NAME)) == batch_totals(spark, tmp_path / "in")
+    tasks = (tmp_path / "tasks.log").read_text().splitlines()
+    assert len(tasks) == len(batches) * PARTITIONS  # not twice that
+    blobs = open_blob_store(root)
+    try:
+        for batch_id in range(len(batches)):
+            reports = read_reports(blobs, NAME, batch_id)
+            assert sorted(r.partition for r in reports) == list(range(PARTITIONS))
+            for report in reports:
+                assert report.version == batch_id + 1
+                assert not report.restored, report
+                assert report.restore_bytes == 0, report
+        changelogs = [m.key for m in blobs.list(f"{NAME}/0/changelog/")]
+        assert len(changelogs) == len(batches)  # one commit per version
+    finally:
+        blobs.close()
