@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import rocksdict
 import statekeeper as sk
 from statekeeper import layout
 from statekeeper.snapshot import load_index, referenced_blob_ids
-from statekeeper.storage import BlobStore, LocalBlobStore
+from statekeeper.storage import BlobMeta, BlobStore, LocalBlobStore
 from tests.blobstores import RecordingBlobStore, store_history
 
 
@@ -174,4 +175,51 @@ def test_gc_between_two_snapshot_uploads_never_loses_the_store(tmp_path: Path) -
     with cold.open("op", 0) as store:
         assert (store.restore_info.base_kind, store.restore_info.base) == ("snapshot", 20)
         assert dict(store.scan()) == {b"k%d" % v: b"v%d" % v for v in range(1, 21)}
+    assert cold.verify(deep=True).ok
+
+
+class _PagedListing(RecordingBlobStore):
+    """Lists in two pages, as S3 does, and lets ``between`` run after the first page: keys
+    before ``split`` are as they were then, the others as they are after it ran."""
+
+    def __init__(self, inner: BlobStore, split: str) -> None:
+        super().__init__(inner)
+        self.split = split
+        self.between: Callable[[], None] | None = None
+
+    def list(self, prefix: str = "") -> list[BlobMeta]:
+        between, self.between = self.between, None
+        if between is None:
+            return super().list(prefix)
+        first = [m for m in super().list(prefix) if m.key < self.split]
+        between()
+        return first + [m for m in super().list(prefix) if m.key >= self.split]
+
+
+def test_gc_on_a_listing_that_interleaves_with_commits_keeps_the_newest_versions(
+    tmp_path: Path,
+) -> None:
+    """Event 6: a writer commits and snapshots between two pages of GC's listing (changelogs
+    listed before, snapshots after). The newest ``retain_versions`` must all stay restorable."""
+    writer = _backend(tmp_path, "w", snapshot_every=1000, retain_versions=3)
+    with writer.open("op", 0, partitions=1) as store:
+        for v in range(1, 9):
+            _commit(store, {b"k%d" % v: b"v%d" % v}, (0, 0, 0, 0))
+        store.snapshot_now()
+
+        def commit_and_snapshot() -> None:
+            for v in (9, 10):
+                _commit(store, {b"k%d" % v: b"v%d" % v}, (0, 0, 0, 0))
+            assert store.snapshot_now() is not None
+
+        paged = _PagedListing(LocalBlobStore(str(tmp_path / "root")), split="op/0/files/")
+        paged.between = commit_and_snapshot
+        config = sk.StoreConfig(local_dir=str(tmp_path / "gc"), retain_versions=3)
+        sk.StateBackend(paged, config=config).gc()
+        assert paged.between is None  # the writer did run between the pages
+    cold = _backend(tmp_path, "cold")
+    assert cold.versions("op", 0)[-3:] == [8, 9, 10]
+    for version in (8, 9, 10):
+        with cold.open("op", 0, version=version) as store:
+            assert dict(store.scan()) == {b"k%d" % v: b"v%d" % v for v in range(1, version + 1)}
     assert cold.verify(deep=True).ok
