@@ -27,9 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import google_crc32c
-
 from statekeeper import layout
+from statekeeper.checksum import check_sealed, seal
 from statekeeper.errors import (
     CommitConflictError,
     ConfigMismatchError,
@@ -96,7 +95,7 @@ class EpochManifest:
                 for op in sorted(self.stores)
             },
         }
-        doc["crc32c"] = google_crc32c.value(_canonical(doc))
+        seal(doc)
         return json.dumps(doc, indent=1, sort_keys=True).encode("utf-8") + b"\n"
 
     @classmethod
@@ -120,12 +119,7 @@ class EpochManifest:
                 f"versions <= {FORMAT_VERSION}: upgrade statekeeper"
             )
         if version >= 2:
-            crc = doc.pop("crc32c", None)
-            if crc != google_crc32c.value(_canonical(doc)):
-                raise CorruptStateError(
-                    f"epoch manifest {blob} is not valid: checksum mismatch (stored {crc!r}): "
-                    "it was edited or damaged"
-                )
+            check_sealed(doc, what=f"epoch manifest {blob}")
         try:
             ops = doc["operators"]
             return cls(
@@ -142,10 +136,6 @@ class EpochManifest:
     def versions(self) -> dict[str, list[int]]:
         """Operator -> committed version per partition."""
         return {op: [e.version for e in entries] for op, entries in self.stores.items()}
-
-
-def _canonical(doc: dict[str, Any]) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def _entry_json(entry: StoreEntry) -> dict[str, Any]:

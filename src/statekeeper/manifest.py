@@ -42,9 +42,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-import google_crc32c
-
 from statekeeper import layout
+from statekeeper.checksum import canonical_json, check_sealed, seal
 from statekeeper.errors import (
     CommitConflictError,
     ConfigMismatchError,
@@ -328,15 +327,9 @@ def _body(m: StoreManifest) -> dict[str, Any]:
     }
 
 
-def _canonical(doc: dict[str, Any]) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-
 def encode_manifest(manifest: StoreManifest) -> bytes:
     """The manifest blob: canonical JSON with a CRC32C of itself (without the field)."""
-    doc = _body(manifest)
-    doc["crc32c"] = google_crc32c.value(_canonical(doc))
-    return _canonical(doc)
+    return canonical_json(seal(_body(manifest)))
 
 
 def decode_manifest(
@@ -361,9 +354,7 @@ def decode_manifest(
                 f"manifest {blob} has format version {version}; this statekeeper reads "
                 f"<= {FORMAT_VERSION}: upgrade statekeeper"
             )
-        crc = doc.pop("crc32c")
-        if crc != google_crc32c.value(_canonical(doc)):
-            raise ValueError(f"checksum mismatch: stored {crc}")
+        check_sealed(doc, what=f"manifest {blob}")
         manifest = _from_doc(doc)
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         raise CorruptStateError(f"manifest {blob} is not valid: {exc}") from exc

@@ -20,9 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import google_crc32c
-
 from statekeeper import layout
+from statekeeper.checksum import check_sealed, seal
 from statekeeper.errors import (
     CommitConflictError,
     ConfigMismatchError,
@@ -84,7 +83,7 @@ class RootMetadata:
                 "orphanTtlS": self.retention.orphan_ttl_s,
             }
         if self.format_version >= 2:
-            doc["crc32c"] = google_crc32c.value(_canonical(doc))
+            seal(doc)
         return json.dumps(doc, indent=2, sort_keys=True).encode("utf-8") + b"\n"
 
     def _operator_json(self, name: str) -> dict[str, Any]:
@@ -142,12 +141,7 @@ class RootMetadata:
                 f"this statekeeper reads format versions <= {FORMAT_VERSION}: upgrade statekeeper"
             )
         if version >= 2:
-            crc = doc.pop("crc32c", None)
-            if crc != google_crc32c.value(_canonical(doc)):
-                raise CorruptStateError(
-                    f"root metadata {blob} is not valid: checksum mismatch (stored {crc!r}): "
-                    "it was edited or damaged"
-                )
+            check_sealed(doc, what=f"root metadata {blob}")
         try:
             operators = {
                 str(name): _partitions(entry["partitions"])
@@ -180,10 +174,6 @@ class RootMetadata:
                 f"root metadata {blob} is not valid: expected rootId, createdTimeMs and "
                 f"operators with partition counts, found an error at {exc!r}"
             ) from exc
-
-
-def _canonical(doc: dict[str, Any]) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def _positive(name: str, value: Any) -> int:
