@@ -67,7 +67,7 @@ def test_readme_examples_and_commands(
     uri, options = s3_root
     namespace: dict[str, object] = {"spark": spark_holder.get(), "__name__": "__readme__"}
     python = blocks(README, "python")
-    assert len(python) == 4
+    assert len(python) == 5  # the harness example (no Spark) among them
     for code in python:
         code = absolute(code, tmp_path)
         code = code.replace('"s3://my-bucket/pipelines/clicks"', repr(uri))
