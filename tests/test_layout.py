@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,8 +18,8 @@ DOC = REPO / "docs" / "layout.md"
 # Third-party imports allowed only in these packages (and their subpackages).
 CONFINED = {
     "pyspark": ("spark", "cli.demo"),
-    "pandas": ("spark", "cli.demo"),
-    "pyarrow": ("spark", "cli.demo"),
+    "pandas": ("keyed", "spark", "cli.demo"),
+    "pyarrow": ("keyed", "spark", "cli.demo"),
     "click": ("cli",),
     "rich": ("cli",),
     "rocksdict": ("store",),
@@ -127,3 +129,14 @@ def test_module_names_do_not_repeat_across_packages() -> None:
         if path.name not in ("__init__.py", "__main__.py"):
             seen.setdefault(path.name, []).append(module_name(path))
     assert {n: ms for n, ms in seen.items() if len(ms) > 1} == {}
+
+
+def test_the_keyed_layer_decodes_state_without_pandas_or_pyarrow() -> None:
+    """The command line (no spark extra) imports ``statekeeper.keyed``: that must not load
+    the Arrow and pandas modules, which only its runner, output and testing modules use."""
+    code = (
+        "import sys, statekeeper.keyed, statekeeper.cli._data; "
+        "print(sorted(m for m in ('pandas', 'pyarrow', 'pyspark') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == "[]"

@@ -12,8 +12,8 @@ import pytest
 from pyspark.sql import Row
 
 from statekeeper.keyed import row_class
+from statekeeper.keyed.output import OutputWriter, conform_batch, conform_frame
 from statekeeper.spark import OutputSchemaError
-from statekeeper.spark._output import OutputWriter, conform_batch, conform_frame
 
 SCHEMA = pa.schema(
     [

@@ -47,6 +47,8 @@ from statekeeper.keyed._timers import (
     TimerEntry,
     TimerValues,
     iter_timers,
+    validate_delay,
+    validate_time_mode,
 )
 from statekeeper.keyed._tuples import decode_key, encode_element, encode_key
 from statekeeper.keyed._values import Codec, DefaultCodec, PickleCodec
@@ -83,4 +85,6 @@ __all__ = [
     "partition_of_group",
     "read_operator_record",
     "row_class",
+    "validate_delay",
+    "validate_time_mode",
 ]

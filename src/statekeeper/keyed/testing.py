@@ -9,7 +9,7 @@ After Spark 4's ``TwsTester``::
     assert tester.timers() == [(("a",), 31_000)]
 
 Each :meth:`ProcessorTester.run` is one micro-batch of one partition: the rows become an
-Arrow table and go through :func:`statekeeper.keyed._runner.run_processor`, the very
+Arrow table and go through :func:`statekeeper.keyed.runner.run_processor`, the very
 function a Spark task runs (grouping, late rows, ``handle_input_rows``, timers, TTL, the
 operator record), on a real :class:`~statekeeper.StateStore` in a temporary root, committed
 after the batch like a task commits. The processor is deep-copied for every batch, as Spark
@@ -30,11 +30,11 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from statekeeper.config import StoreConfig
-from statekeeper.keyed._arrow_keys import encode_keys
 from statekeeper.keyed._entries import StateEntry, iter_state
 from statekeeper.keyed._processor import StatefulProcessor
-from statekeeper.keyed._runner import KEY_GROUP_COLUMN, BatchTime, RunStats, TimeSpec, run_processor
 from statekeeper.keyed._timers import iter_timers, validate_delay
+from statekeeper.keyed.arrow_keys import encode_keys
+from statekeeper.keyed.runner import KEY_GROUP_COLUMN, BatchTime, RunStats, TimeSpec, run_processor
 from statekeeper.store import StateBackend, StateStore
 
 __all__ = ["ProcessorTester"]

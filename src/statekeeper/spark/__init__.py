@@ -50,12 +50,12 @@ from statekeeper.keyed import (
     decode_key,
     encode_key,
 )
+from statekeeper.keyed.arrow_keys import encode_keys
+from statekeeper.keyed.output import OutputSchemaError
 from statekeeper.reports import TaskReport
 from statekeeper.spark._filelock import StoreBusyError
-from statekeeper.spark._keys import encode_keys
 from statekeeper.spark._listener import StateListener, state_listener
 from statekeeper.spark._metrics import BatchMetrics, batch_metrics
-from statekeeper.spark._output import OutputSchemaError
 from statekeeper.spark._partition import KEY_GROUP_COLUMN
 from statekeeper.spark._read import read_state
 from statekeeper.spark._runner import PartitionStore

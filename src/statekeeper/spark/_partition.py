@@ -23,7 +23,7 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from statekeeper.errors import StateKeeperError
 from statekeeper.keyed import key_group_range, partition_of_group
-from statekeeper.keyed._runner import KEY_GROUP_COLUMN
+from statekeeper.keyed.runner import KEY_GROUP_COLUMN
 
 __all__ = [
     "KEY_GROUP_COLUMN",

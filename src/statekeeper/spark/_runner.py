@@ -1,6 +1,6 @@
 """Running one partition of one micro-batch: the vectorized function, and the keyed path.
 
-The keyed processor's per-partition run lives in :mod:`statekeeper.keyed._runner` (no
+The keyed processor's per-partition run lives in :mod:`statekeeper.keyed.runner` (no
 pyspark: the processor test harness drives the same function) and is re-exported here; the
 vectorized form's run and its :class:`PartitionStore` are here.
 """
@@ -12,9 +12,9 @@ from typing import Any
 
 from statekeeper.errors import StateKeeperError
 from statekeeper.keyed import key_group_range
-from statekeeper.keyed._arrow_keys import encode_keys
-from statekeeper.keyed._output import conform_batch
-from statekeeper.keyed._runner import KEY_GROUP_COLUMN, RunStats, iter_groups, run_processor
+from statekeeper.keyed.arrow_keys import encode_keys
+from statekeeper.keyed.output import conform_batch
+from statekeeper.keyed.runner import KEY_GROUP_COLUMN, RunStats, iter_groups, run_processor
 from statekeeper.store import StateStore
 
 __all__ = [

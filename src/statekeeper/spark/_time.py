@@ -33,9 +33,8 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from statekeeper.errors import ConfigMismatchError
-from statekeeper.keyed import StatefulProcessor, key_group_range
-from statekeeper.keyed._runner import KEY_GROUP_COLUMN, BatchTime, TimeSpec, event_times_ms
-from statekeeper.keyed._timers import validate_delay, validate_time_mode
+from statekeeper.keyed import StatefulProcessor, key_group_range, validate_delay, validate_time_mode
+from statekeeper.keyed.runner import KEY_GROUP_COLUMN, BatchTime, TimeSpec, event_times_ms
 from statekeeper.spark._partition import Partitioning
 
 __all__ = [

@@ -22,9 +22,7 @@ import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-from statekeeper.keyed._arrow_keys import encode_keys
 from statekeeper.keyed._handles import StatefulProcessorHandle
-from statekeeper.keyed._output import OutputWriter
 from statekeeper.keyed._processor import StatefulProcessor, input_form
 from statekeeper.keyed._row_type import build_rows
 from statekeeper.keyed._timers import (
@@ -37,6 +35,8 @@ from statekeeper.keyed._timers import (
     write_max_event_time,
 )
 from statekeeper.keyed._tuples import decode_key
+from statekeeper.keyed.arrow_keys import encode_keys
+from statekeeper.keyed.output import OutputWriter
 from statekeeper.store import StateStore
 
 __all__ = [
