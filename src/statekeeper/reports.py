@@ -84,6 +84,10 @@ class TaskReport:
     keys: int
     expired: int
     task_s: float
+    late_rows: int = 0
+    """Input rows dropped because their event time was at or before the watermark."""
+    timers_fired: int = 0
+    """Expired timers whose ``handle_expired_timer`` ran."""
     written_ms: int = 0
     """When the report was written (milliseconds since the epoch); 0 if never written."""
 
@@ -123,7 +127,14 @@ def decode_report(data: bytes, *, blob: str) -> TaskReport:
             f"versions up to {FORMAT_VERSION}: upgrade statekeeper"
         )
     try:
-        return TaskReport(**{name: doc[_camel(name)] for name in _FIELDS})
+        return TaskReport(
+            **{
+                name: doc[_camel(name)]
+                for name, f in _FIELDS.items()
+                # Fields added after format version 1 was first written have defaults.
+                if _camel(name) in doc or f.default is dataclasses.MISSING
+            }
+        )
     except (KeyError, TypeError) as exc:
         raise CorruptStateError(f"task report {blob} lacks a field: {exc}") from exc
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,3 +149,11 @@ def test_report_keys_parse_back_and_newer_reports_are_refused() -> None:
         decode_report(newer, blob=key)
     with pytest.raises(CorruptStateError, match=r"not a statekeeper\.task-report"):
         decode_report(b"{}", blob=key)
+    # A report of a release before late rows and timers were counted reads them as 0.
+    doc = json.loads(encode_report(_report(0)))
+    del doc["lateRows"], doc["timersFired"]
+    older = decode_report(json.dumps(doc).encode(), blob=key)
+    assert (older.late_rows, older.timers_fired) == (0, 0)
+    del doc["rowsIn"]
+    with pytest.raises(CorruptStateError, match="lacks a field"):
+        decode_report(json.dumps(doc).encode(), blob=key)

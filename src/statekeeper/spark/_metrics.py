@@ -49,6 +49,9 @@ class BatchMetrics:
     expired: int
     """State entries deleted because their TTL passed."""
     task_time_max_s: float
+    late_rows: int = 0
+    """Input rows dropped as late (event time at or before the batch's watermark)."""
+    timers_fired: int = 0
 
     def summary(self) -> str:
         """One log line."""
@@ -61,7 +64,8 @@ class BatchMetrics:
             f"stores restored in {self.restore_time_s:.3f} s "
             f"(max {self.restore_time_max_s:.3f} s, {self.restore_bytes} bytes), "
             f"{self.stores_reused} reused, {self.stores_opened} opened; {self.rows_in} rows "
-            f"in, {self.rows_out} out, {self.keys} keys, {self.expired} expired"
+            f"in, {self.rows_out} out, {self.keys} keys, {self.expired} expired, "
+            f"{self.late_rows} late rows dropped, {self.timers_fired} timers fired"
         )
 
 
@@ -113,6 +117,8 @@ def aggregate(
         keys=sum(r.keys for r in rs),
         expired=sum(r.expired for r in rs),
         task_time_max_s=max((r.task_s for r in rs), default=0.0),
+        late_rows=sum(r.late_rows for r in rs),
+        timers_fired=sum(r.timers_fired for r in rs),
     )
 
 

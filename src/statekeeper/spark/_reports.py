@@ -84,4 +84,6 @@ def build_report(
         keys=stats.keys,
         expired=stats.expired,
         task_s=task_s,
+        late_rows=stats.late_rows,
+        timers_fired=stats.timers_fired,
     )
