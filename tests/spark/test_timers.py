@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from statekeeper import StateBackend, StoreConfig
 from statekeeper.keyed import iter_timers
-from statekeeper.spark import batch_metrics, transform_with_state
+from statekeeper.spark import batch_metrics, read_state, transform_with_state
 from tests.spark.helpers import run_to_end
 from tests.spark.processors import EventSessions
 
@@ -87,6 +87,12 @@ def test_event_time_timers_fire_without_input_and_survive_a_restart(
     assert all(n == 1 for b, what, k, n in rows if what == "closed" and k != "z")
     left = _timers(root, tmp_path / "reader2")
     assert [(t.key, t.expiry_ms) for t in left] == [(("z",), _ms(111))]
+    # read_state shows the timer that is left, as a row of state "$timer".
+    timer_rows = [
+        r for r in read_state(spark, str(root), "sessions").collect() if r["state"] == "$timer"
+    ]
+    assert [(r["k"], int(r["entry"]), r["value"]) for r in timer_rows] == [("z", _ms(111), None)]
+    assert timer_rows[0]["expires_at"].timestamp() * 1000 == _ms(111)
     # The per-batch metrics count the late row and the timers that fired.
     metrics = [batch_metrics(str(root), "sessions", b) for b in (3, 4)]
     assert [(m.late_rows, m.timers_fired) for m in metrics if m is not None] == [(0, 5), (1, 7)]

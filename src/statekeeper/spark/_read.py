@@ -18,10 +18,19 @@ from pyspark.sql import types as T
 
 from statekeeper.config import StoreConfig
 from statekeeper.errors import StateNotFoundError
-from statekeeper.keyed import OperatorRecord, iter_state, jsonable, read_operator_record
+from statekeeper.keyed import (
+    OperatorRecord,
+    iter_state,
+    iter_timers,
+    jsonable,
+    read_operator_record,
+)
 from statekeeper.store import StateBackend, StateStore
 
-__all__ = ["read_state"]
+__all__ = ["TIMER_STATE", "read_state"]
+
+TIMER_STATE = "$timer"
+"""The ``state`` of a timer's row in :func:`read_state` (no state name starts with ``$``)."""
 
 _TAIL_FIELDS = [
     T.StructField("state", T.StringType()),
@@ -53,7 +62,9 @@ def read_state(
     For a processor's state: one row per value, map entry or list element, with columns
     ``partition``, the key columns, ``state``, ``entry`` (the map key as JSON, or the list
     position; null for value state), ``value`` (JSON) and ``expires_at`` (null without TTL;
-    entries past it are kept until a micro-batch of their partition cleans them). State
+    entries past it are kept until a micro-batch of their partition cleans them). Each
+    registered timer is a row too: ``state`` is ``"$timer"`` (no state name can be), ``entry``
+    its expiry in milliseconds, ``value`` null and ``expires_at`` when it fires. State
     written by the vectorized form has columns ``partition``, ``key``, ``value`` (raw bytes)
     and ``key_group``: in an operator with key groups the key's first two bytes, which
     ``key`` then goes without; null for an operator of statekeeper 0.1.
@@ -147,6 +158,9 @@ def _typed_rows(store: StateStore, partition: int, allow_pickle: bool) -> Iterat
             else dt.datetime.fromtimestamp(e.expires_at_ms / 1000, dt.UTC)
         )
         yield (partition, *e.key, e.state, entry, _json(e.value), expires)
+    for timer in iter_timers(store):
+        fires = dt.datetime.fromtimestamp(timer.expiry_ms / 1000, dt.UTC)
+        yield (partition, *timer.key, TIMER_STATE, str(timer.expiry_ms), None, fires)
 
 
 def _json(value: Any) -> str:
