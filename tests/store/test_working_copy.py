@@ -74,6 +74,17 @@ def test_a_commit_too_large_for_an_undo_record_keeps_none(
     copy.close()
 
 
+@pytest.mark.parametrize("changed", [_label.MAX_UNDO_KEYS, _label.MAX_UNDO_KEYS + 1])
+def test_a_commit_of_many_keys_keeps_no_undo_record(tmp_path: Path, changed: int) -> None:
+    """Reading every old value would cost the commit more than a rare re-run saves."""
+    copy = _copy(tmp_path)
+    copy.apply([(b"k", b"v")], version=1, root_id=ROOT, attempt="A1", undo=True)
+    many = [(b"k%06d" % i, b"v") for i in range(changed)]
+    copy.apply(many, version=2, root_id=ROOT, attempt="A2", undo=True)
+    assert copy.can_step_back is (changed <= _label.MAX_UNDO_KEYS)
+    copy.close()
+
+
 def test_a_replay_keeps_no_undo_record(tmp_path: Path) -> None:
     copy = _copy(tmp_path)
     copy.apply([(b"a", b"1")], version=1, root_id=ROOT, attempt="A1")

@@ -36,6 +36,7 @@ import rocksdict
 
 from statekeeper.errors import StateKeeperError
 from statekeeper.store._label import (
+    MAX_UNDO_KEYS,
     Label,
     decode_undo,
     encode_undo,
@@ -308,9 +309,10 @@ class WorkingCopy:
         self._write(batch, parse_label(label)[0])
 
     def _undo_record(self, changes: list[tuple[bytes, bytes | None]]) -> bytes | None:
-        """The undo record of ``changes`` on top of the labelled version, if it has one."""
+        """The undo record of ``changes`` on top of the labelled version, if it has one
+        (none for a commit of more than :data:`MAX_UNDO_KEYS` keys)."""
         parent = self._label
-        if parent is None or parent.dirty:
+        if parent is None or parent.dirty or len(changes) > MAX_UNDO_KEYS:
             return None
         keys = [key for key, _ in changes]
         old = zip(keys, self.multi_get(keys), strict=True)
