@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pytest
 import rocksdict
 
 import statekeeper as sk
-from statekeeper.keyed import PickleCodec, StatefulProcessorHandle, encode_key
+from statekeeper.keyed import PickleCodec, StatefulProcessor, StatefulProcessorHandle, encode_key
+from statekeeper.keyed.testing import ProcessorTester
 from tests.cli.conftest import Built, flip, history_of, one_error_line, run
 
 
@@ -268,3 +272,48 @@ def test_restore_shows_a_progress_bar_on_a_terminal(local: Built, tmp_path: Path
     target2 = tmp_path / "db2"
     quiet = run(*args[:-1], str(target2), "--json", env={"TTY_COMPATIBLE": "1"})
     assert json.loads(quiet.stdout)["version"] == 5  # no bar around the JSON
+
+
+class _Reminder(StatefulProcessor):
+    """Arms a timer a minute after each key's last row."""
+
+    rows = "row"
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        for old in self.handle.list_timers():
+            self.handle.delete_timer(old)
+        self.handle.register_timer(self.handle.timer_values.processing_time_ms + 60_000)
+        return iter(())
+
+
+def test_inspect_lists_the_timers_of_a_keyed_store(tmp_path: Path) -> None:
+    schema = pa.schema([("user", pa.string())])
+    with ProcessorTester(
+        _Reminder(), keys="user", output_schema=schema, time_mode="processing_time",
+        directory=tmp_path / "t",
+    ) as tester:  # fmt: skip
+        tester.processing_time_ms = 1_000
+        tester.run([{"user": "ann"}, {"user": "bob"}])
+        tester.processing_time_ms = 5_000
+        tester.run([{"user": "ann"}])
+    uri = str(tmp_path / "t" / "root")
+    doc = json.loads(run("inspect", uri, "tester", "-p", "0", "--timers", "--json").stdout)
+    assert [(t["key"], t["expiry_ms"]) for t in doc["timers"]] == [
+        (["bob"], 61_000),
+        (["ann"], 65_000),
+    ]
+    assert doc["version"] == 2
+    table = run("inspect", uri, "tester", "-p", "0", "--timers", "--limit", "1").stdout
+    assert '["bob"]' in table
+    assert "1970-01-01T00:01:01+00:00" in table
+    assert "more timers follow" in table
+    raw = sk.StateBackend(uri, config=sk.StoreConfig(local_dir=str(tmp_path / "raw")))
+    with raw, raw.open("plain", 0) as store:
+        store.put(b"k", b"v")
+        store.commit()
+    refused = run("inspect", uri, "plain", "-p", "0", "--timers")
+    assert refused.exit_code == 2
+    assert "holds no operator record" in one_error_line(refused)

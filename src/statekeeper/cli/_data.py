@@ -6,6 +6,7 @@ replay, every byte checked) into a temporary working copy, never the pipeline's 
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import json
 from collections.abc import Callable, Iterator
@@ -22,8 +23,9 @@ from statekeeper.cli._app import Env, UsageFailure, cli, env_of, output_options
 from statekeeper.cli._open import Root, open_root, root_arguments
 from statekeeper.cli._progress import Bars
 from statekeeper.cli._render import human_bytes, show_bytes
-from statekeeper.keyed import StateDecoder, jsonable, read_operator_record
-from statekeeper.store import ExportInfo
+from statekeeper.errors import StateKeeperError
+from statekeeper.keyed import StateDecoder, iter_timers, jsonable, read_operator_record
+from statekeeper.store import ExportInfo, StateStore
 
 __all__ = ["inspect", "restore"]
 
@@ -125,6 +127,12 @@ def _item(key: bytes, value: bytes, decoder: StateDecoder | None) -> dict[str, A
     is_flag=True,
     help="Decode values of states declared with PickleCodec (runs code from the root).",
 )
+@click.option(
+    "--timers",
+    "show_timers",
+    is_flag=True,
+    help="Show the registered timers of a keyed store (key, when each fires) instead.",
+)
 @output_options
 @click.pass_context
 def inspect(
@@ -137,18 +145,23 @@ def inspect(
     prefix: bytes,
     limit: int,
     allow_pickle: bool,
+    show_timers: bool,
 ) -> None:
     """Show the keys and values of OPERATOR's store at a version, sorted by key.
 
     In a store written by a keyed processor (statekeeper.spark's transform_with_state),
     each value, map entry and list element is decoded with the codec its state recorded,
     and shown with its state, grouping key and entry. Other items (and the raw keys) are
-    shown as text when printable UTF-8, else as hex.
+    shown as text when printable UTF-8, else as hex. With --timers, the registered timers
+    instead, in the order they fire.
     """
     env = env_of(ctx)
     opened, wanted = _open_store(ctx, root, storage_options, (operator, partition), version)
     with _download_bar(env, opened, operator, partition, wanted):
         store = opened.backend.open(operator, partition, wanted)
+    if show_timers:
+        _inspect_timers(env, store, opened.uri, limit)
+        return
     with store:
         record = read_operator_record(store)
         scan = store.scan(prefix)
@@ -169,6 +182,43 @@ def inspect(
         env.emit_json(doc)
     else:
         _print_items(env.console, doc)
+
+
+def _inspect_timers(env: Env, store: StateStore, uri: str, limit: int) -> None:
+    """Print or emit the store's timers, soonest first.
+
+    Raises:
+        UsageFailure: the store was not written by a keyed processor.
+    """
+    with store:
+        try:
+            found = list(itertools.islice(iter_timers(store), limit + 1 if limit else None))
+        except StateKeeperError as exc:
+            raise UsageFailure(str(exc)) from exc
+    shown = found[:limit] if limit else found
+    timers = [
+        {"key": jsonable(t.key), "expiry_ms": t.expiry_ms, "key_group": t.key_group} for t in shown
+    ]
+    doc = {
+        "root": uri,
+        "operator": store.operator,
+        "partition": store.partition,
+        "version": store.version,
+        "truncated": len(found) > len(shown),
+        "timers": timers,
+    }
+    if env.json:
+        env.emit_json(doc)
+        return
+    table = Table("key", "fires at (ms)", "fires at (UTC)")
+    for t in timers:
+        when = dt.datetime.fromtimestamp(t["expiry_ms"] / 1000, dt.UTC).isoformat()
+        table.add_row(Text(json.dumps(t["key"], ensure_ascii=False)), str(t["expiry_ms"]), when)
+    where = f"{doc['operator']}/{doc['partition']} at version {doc['version']}"
+    env.console.print(Text(f"{where}: {len(timers)} timers"))
+    env.console.print(table)
+    if doc["truncated"]:
+        env.console.print("more timers follow: raise --limit (0 shows all)")
 
 
 def _print_items(console: Console, doc: dict[str, Any]) -> None:
