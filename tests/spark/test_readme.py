@@ -85,7 +85,7 @@ def test_readme_examples_and_commands(
     for args in commands(README):
         run_cli([filled.get(a, a) for a in absolute_args(args, tmp_path)])
         ran += 1
-    assert ran == 9
+    assert ran == 10
 
 
 def absolute_args(args: list[str], tmp: Path) -> list[str]:
