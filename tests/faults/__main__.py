@@ -21,12 +21,14 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.faults import sigkill
+from tests.faults import corruption, s3, sigkill
 from tests.faults.common import Trial, repro
 
 RunTrial = Callable[[int, Path], Trial]
 SUITES: dict[str, tuple[RunTrial, str]] = {
     sigkill.NAME: (sigkill.run_trial, sigkill.EXPECTED),
+    corruption.NAME: (corruption.run_trial, corruption.EXPECTED),
+    s3.NAME: (s3.run_trial, s3.EXPECTED),
 }
 
 
