@@ -63,10 +63,15 @@ bench: $(STAMP) check-java
 # Deterministic simulation of the commit protocol (tests/sim): SEEDS seeds of every scenario,
 # a summary table, and a one-line reproduction per failing seed. Options
 # go in SOAK_ARGS, e.g. make soak SEEDS=200 SOAK_ARGS="--first 0".
+# Then the randomized fault suites (tests/faults: SIGKILL, corruption of every blob kind, S3
+# through a failing proxy), FAULT_SEEDS trials each (a few seconds a trial); options in
+# FAULT_ARGS, e.g. make soak SEEDS=200 FAULT_SEEDS=20 FAULT_ARGS="--first 0 --suite s3".
 .PHONY: soak
 SEEDS ?= 1000
+FAULT_SEEDS ?= $(SEEDS)
 soak: $(STAMP)
 	$(BIN)/python -m tests.sim --soak $(SEEDS) $(SOAK_ARGS)
+	$(BIN)/python -m tests.faults --seeds $(FAULT_SEEDS) $(FAULT_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
