@@ -192,9 +192,7 @@ class _StoreCheck:
             if not self._check_changelog(key, version, LEGACY_ATTEMPT):
                 broken.add(version)
             self._advance(progress, total)
-        for key in self.metas:
-            if layout.parse_metrics_key(key) is not None:
-                self._check_metrics(key)
+        self._check_all_metrics()
         self._check_restorable(changelogs, indexes, prev_keys - set(self.metas), broken)
         self._advance(progress, total)
 
@@ -234,6 +232,7 @@ class _StoreCheck:
                 if not self._check_changelog(ve.blob, ve.version, ve.attempt, manifest.root_id):
                     broken_changelogs.add(ve.version)
                 self._advance(progress, total)
+        self._check_all_metrics()
         self._check_manifest_restorable(manifest, broken, broken_changelogs)
 
     def _check_newer_manifests(self, manifest: StoreManifest) -> None:
@@ -363,6 +362,12 @@ class _StoreCheck:
             self.problem(key, "corrupt", f"store {self.store}: {exc}")
             return False
         return True
+
+    def _check_all_metrics(self) -> None:
+        """Every commit-metrics blob of the store (no manifest names them: they are listed)."""
+        for key in self.metas:
+            if layout.parse_metrics_key(key) is not None:
+                self._check_metrics(key)
 
     def _check_metrics(self, key: str) -> None:
         """Commit metrics are not state: only a deep check reads them."""
