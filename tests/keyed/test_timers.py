@@ -130,17 +130,25 @@ def test_event_time_watermark_late_rows_and_timers() -> None:
     with tester as t:
         out = t.run([{"k": "a", "ts": _ts(100)}, {"k": "b", "ts": _ts(50)}])
         assert [r["n"] for r in out] == [1, 1]  # watermark 0: nothing late
-        # watermark = 100 - 5 = 95: b's timer at 60 fires; a row at 95 is late, 96 is not
-        out = t.run([{"k": "c", "ts": _ts(95)}, {"k": "d", "ts": _ts(96)}])
+        # watermark = 100 - 5 = 95, but rows are late only at or before the previous batch's
+        # watermark (0), as in Spark: c at 40 is processed and its timer (50) fires at once,
+        # before b's (60)
+        out = t.run([{"k": "c", "ts": _ts(40)}, {"k": "d", "ts": _ts(96)}])
         assert out == [
+            {"k": "c", "n": 1, "what": "in"},
             {"k": "d", "n": 1, "what": "in"},
+            {"k": "c", "n": 1, "what": "timer@50"},
             {"k": "b", "n": 1, "what": "timer@60"},
         ]
+        assert t.stats.late_rows == 0
+        # watermark stays 95 (max event time is still 100); the previous one was 95 too: a
+        # row at 95 is late, 96 is not
+        out = t.run([{"k": "e", "ts": _ts(95)}, {"k": "f", "ts": _ts(96)}])
+        assert out == [{"k": "f", "n": 1, "what": "in"}]
         assert t.stats.late_rows == 1
-        # watermark = 96 - 5... stays 95 (max event time is still 100): nothing fires
-        assert t.run([]) == []
+        assert t.run([]) == []  # nothing due at 95
         t.watermark_ms = 200  # set by hand
-        assert [r["what"] for r in t.run([])] == ["timer@106", "timer@110"]
+        assert [r["what"] for r in t.run([])] == ["timer@106", "timer@106", "timer@110"]
 
 
 def test_bad_time_arguments_fail_before_any_state() -> None:

@@ -13,11 +13,20 @@ watermark is at or after its expiry.
 **The watermark of micro-batch b** is ``max(0, E - delay)``, where ``E`` is the largest event
 time of the rows of batches ``0 .. b-1`` (0 before any event time was seen), as Spark
 derives it. Every store records ``E`` (:data:`_layout.EVENT_TIME`) in the commit of each
-batch, and the engine makes the value the same in every partition: it feeds each
+batch, with the watermark that batch used, and the engine makes the value the same in every
+partition: it feeds each
 partition the largest event time of the *whole* batch (the Spark layer carries it to every
 partition with the data, see ``statekeeper.spark._transform``). So a task reads batch b's
 watermark from its own store at version b: no driver, no listener (Spark Connect has none),
 the same value on every partition and on every re-run of b.
+
+**Late rows** are those at or before the watermark of the *previous* micro-batch (Spark's
+"watermark for late events"; the current one is its "watermark for eviction", which timers
+compare with). So a row may be processed in a batch whose watermark it trails, and register
+a timer that fires in that same batch: that is what Spark 4's ``transformWithState`` does
+(checked against it by ``tests/spark/test_timers_vs_spark.py``). The previous batch's
+watermark is the second half of the value at :data:`_layout.EVENT_TIME` (a value of an
+earlier release holds only ``E``; then the current watermark serves, as it did there).
 """
 
 from __future__ import annotations
@@ -43,21 +52,25 @@ from statekeeper.store import StateStore
 
 __all__ = [
     "TIME_MODES",
+    "EventClock",
     "ExpiredTimerInfo",
     "TimerEntry",
     "TimerValues",
     "Timers",
     "iter_timers",
+    "read_event_clock",
     "read_max_event_time",
     "validate_delay",
     "validate_time_mode",
     "validate_timer",
     "watermark_of",
-    "write_max_event_time",
+    "write_event_clock",
 ]
 
 TIME_MODES = (None, "processing_time", "event_time")
 _I64 = struct.Struct(">q")
+_CLOCK = struct.Struct(">qq")
+_NO_EVENT = -(2**63)
 _MAX_U64 = 2**64 - 1
 
 
@@ -188,19 +201,54 @@ def _event_time_key(grouped: bool) -> bytes:
     return (b"\xff" + EVENT_TIME) if grouped else EVENT_TIME
 
 
+@dataclass(frozen=True)
+class EventClock:
+    """What a store recorded of event time at its last commit.
+
+    Attributes:
+        max_event_ms: the largest event time of every batch committed; ``None`` if none.
+        watermark_ms: the watermark the last committed batch used; ``None`` at version 0
+            or in a store of an earlier release (which did not record it).
+    """
+
+    max_event_ms: int | None = None
+    watermark_ms: int | None = None
+
+    def late_watermark(self, delay_ms: int) -> int:
+        """The watermark rows are late against in the next batch: the last batch's."""
+        if self.watermark_ms is not None:
+            return self.watermark_ms
+        # Version 0 (Spark's first batch drops nothing), or a value of an earlier release.
+        return watermark_of(self.max_event_ms, delay_ms)
+
+
+def read_event_clock(store: StateStore, *, grouped: bool) -> EventClock:
+    """The event time and watermark the store recorded (an empty clock if none)."""
+    raw = store.get(_event_time_key(grouped))
+    if raw is None:
+        return EventClock()
+    if len(raw) == _I64.size:
+        return EventClock(int(_I64.unpack(raw)[0]))
+    top, watermark = _CLOCK.unpack(raw)
+    return EventClock(None if top == _NO_EVENT else int(top), int(watermark))
+
+
 def read_max_event_time(store: StateStore, *, grouped: bool) -> int | None:
     """The largest event time (ms) the store recorded, ``None`` if none."""
-    raw = store.get(_event_time_key(grouped))
-    return None if raw is None else int(_I64.unpack(raw)[0])
+    return read_event_clock(store, grouped=grouped).max_event_ms
 
 
-def write_max_event_time(store: StateStore, max_ms: int | None, *, grouped: bool) -> int | None:
-    """Record ``max(recorded, max_ms)``; returns the value now recorded."""
-    old = read_max_event_time(store, grouped=grouped)
-    if max_ms is None or (old is not None and old >= max_ms):
-        return old
-    store.put(_event_time_key(grouped), _I64.pack(max_ms))
-    return max_ms
+def write_event_clock(
+    store: StateStore, max_ms: int | None, watermark_ms: int, *, grouped: bool
+) -> int | None:
+    """Record ``max(recorded, max_ms)`` and the watermark of the batch being committed;
+    returns the largest event time now recorded."""
+    old = read_event_clock(store, grouped=grouped).max_event_ms
+    tops = [t for t in (old, max_ms) if t is not None]
+    top = max(tops) if tops else None
+    value = _CLOCK.pack(_NO_EVENT if top is None else top, watermark_ms)
+    store.put(_event_time_key(grouped), value)
+    return top
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,10 +29,10 @@ from statekeeper.keyed._timers import (
     ExpiredTimerInfo,
     Timers,
     TimerValues,
-    read_max_event_time,
+    read_event_clock,
     validate_time_mode,
     watermark_of,
-    write_max_event_time,
+    write_event_clock,
 )
 from statekeeper.keyed._tuples import decode_key
 from statekeeper.keyed.arrow_keys import encode_keys
@@ -62,7 +62,8 @@ class RunStats:
     keys: int = 0
     expired: int = 0
     late_rows: int = 0
-    """Input rows dropped because their event time was at or before the watermark."""
+    """Input rows dropped because their event time was at or before the previous
+    micro-batch's watermark (as Spark drops them)."""
     timers_fired: int = 0
 
 
@@ -216,8 +217,9 @@ def event_times_ms(column: Any) -> Any:
 
 
 def _late(table: Any, time: TimeSpec, watermark_ms: int, stats: RunStats) -> tuple[Any, int | None]:
-    """``table`` without its late rows (event time at or before the watermark, as Spark
-    drops them), and the largest event time of all its rows."""
+    """``table`` without its late rows (event time at or before ``watermark_ms``, the
+    previous batch's watermark, as Spark drops them), and the largest event time of all
+    its rows."""
     if time.event_time_column is None or table.num_rows == 0:
         return table, None
     ms = event_times_ms(table.column(time.event_time_column))
@@ -230,15 +232,18 @@ def _late(table: Any, time: TimeSpec, watermark_ms: int, stats: RunStats) -> tup
 
 def _clocks(
     store: StateStore, time: TimeSpec, now_ms: int | None, batch: BatchTime, grouped: bool
-) -> TimerValues:
-    watermark = -1
+) -> tuple[TimerValues, int]:
+    """The batch's clocks, and the watermark its input rows are late against (the previous
+    batch's, see :mod:`statekeeper.keyed._timers`)."""
+    watermark = late = -1
     if time.time_mode == "event_time":
+        clock = read_event_clock(store, grouped=grouped)
+        late = clock.late_watermark(time.watermark_delay_ms)
         if batch.watermark_ms is not None:
             watermark = batch.watermark_ms
         else:
-            recorded = read_max_event_time(store, grouped=grouped)
-            watermark = watermark_of(recorded, time.watermark_delay_ms)
-    return TimerValues(-1 if now_ms is None else now_ms, watermark)
+            watermark = watermark_of(clock.max_event_ms, time.watermark_delay_ms)
+    return TimerValues(-1 if now_ms is None else now_ms, watermark), late
 
 
 def _fire_timers(
@@ -249,20 +254,22 @@ def _fire_timers(
     arity: int,
     stats: RunStats,
 ) -> Iterator[Any]:
-    """Call ``handle_expired_timer`` for every timer due by the batch's clock, deleting
-    each as it fires; timers registered meanwhile wait for a later batch."""
+    """Call ``handle_expired_timer`` for every timer due by the batch's clock (expiry at or
+    before it), deleting each after its handler, as Spark does: the handler still sees it
+    in ``list_timers``, and re-registering it does not keep it. Timers registered by the
+    handlers wait for a later batch."""
     values = handle.timer_values
     upto = values.watermark_ms if time.time_mode == "event_time" else values.processing_time_ms
     if time.time_mode is None or upto < 0:
         return
     timers = Timers(handle._store, grouped=handle.key_groups is not None)
     for expiry, group, key_bytes in timers.due(upto):
-        timers.delete(group, key_bytes, expiry)
         key = decode_key(key_bytes, arity)[0]
         handle.bind_timer_key(key, key_bytes, group)
         yield from writer.extend(
             processor.handle_expired_timer(key, values, ExpiredTimerInfo(expiry))
         )
+        timers.delete(group, key_bytes, expiry)
         stats.timers_fired += 1
 
 
@@ -288,9 +295,10 @@ def run_processor(
     Writes go to ``store`` uncommitted; the caller commits after the last batch. With
     ``key_groups`` (the operator's, as the root records them), ``table`` must hold each
     row's key group in :data:`KEY_GROUP_COLUMN`, and every state key starts with it.
-    With event time, late rows are dropped first (counted in ``stats.late_rows``) and the
-    largest event time seen (``batch.batch_max_event_ms``, or this table's) is recorded in
-    the store, the source of the next batch's watermark. After the input, every timer
+    With event time, late rows (at or before the previous batch's watermark) are dropped
+    first (counted in ``stats.late_rows``) and the largest event time seen
+    (``batch.batch_max_event_ms``, or this table's) is recorded in the store with this
+    batch's watermark, the sources of the next batch's watermarks. After the input, every timer
     due by the batch's clock fires.
 
     Raises:
@@ -304,8 +312,8 @@ def run_processor(
     stats.rows_in += table.num_rows
     form = input_form(processor)
     grouped_layout = key_groups is not None
-    values = _clocks(store, time, now_ms, batch, grouped_layout)
-    table, top = _late(table, time, values.watermark_ms, stats)
+    values, late_watermark = _clocks(store, time, now_ms, batch, grouped_layout)
+    table, top = _late(table, time, late_watermark, stats)
     handle = StatefulProcessorHandle(
         store, now_ms=now_ms, batch_id=batch_id, partition=partition, key_groups=key_groups,
         time_mode=time.time_mode, timer_values=values,
@@ -323,7 +331,9 @@ def run_processor(
     stats.expired += handle.expire()
     if time.time_mode == "event_time":
         tops = [t for t in (top, batch.batch_max_event_ms) if t is not None]
-        write_max_event_time(store, max(tops) if tops else None, grouped=grouped_layout)
+        write_event_clock(
+            store, max(tops) if tops else None, values.watermark_ms, grouped=grouped_layout
+        )
 
 
 def _run_keys(

@@ -146,9 +146,23 @@ def transform_with_state(
     **Time** (after Spark's ``transformWithState``, see :mod:`statekeeper.spark._time`):
     with ``time_mode="processing_time"`` timers compare with the micro-batch timestamp; with
     ``time_mode="event_time"`` they compare with the watermark, ``max(0, E - delay)`` where
-    ``E`` is the largest ``event_time_column`` of earlier micro-batches; rows at or before
-    the watermark are dropped before the processor. In both modes every timer that is due
-    fires in every micro-batch, in every partition, with or without input.
+    ``E`` is the largest ``event_time_column`` of earlier micro-batches (0 in the first);
+    rows at or before the *previous* micro-batch's watermark are dropped before the
+    processor (Spark's watermark for late events), so a row that trails the current one is
+    still processed. In both modes a timer is due when its expiry is at or before the
+    clock; every due timer fires after the batch's input, in order of expiry, in every
+    micro-batch, in every partition, with or without input, and is deleted after its
+    handler. ``tests/spark/test_timers_vs_spark.py`` checks all this against Spark's own
+    operator.
+
+    **One deliberate difference: no no-data micro-batches.** When the watermark has moved
+    (event time) or a timer is registered (processing time) and no input is left, Spark runs
+    a micro-batch without data for its own stateful operators, to fire their timers. This
+    operator is a ``mapInArrow`` to Spark, and no public API lets it ask for such a batch,
+    so Spark runs none for it: timers that Spark would fire in a no-data batch fire in the
+    next micro-batch that has input (any input, in any partition), with the same watermark
+    and output. A source that idles therefore delays timers: a query that must fire them on
+    time needs input that keeps arriving.
 
     Args:
         df: a streaming DataFrame.
