@@ -50,7 +50,8 @@ class ProcessorTester:
         processing_time_ms: the batch timestamp of the next :meth:`run` (TTL, processing-time
             timers); settable.
         watermark_ms: the watermark of the next :meth:`run`; ``None`` (the default) derives
-            it as Spark does from the event times of earlier batches and the delay.
+            it as Spark does from the event times of earlier batches and the delay. Rows are
+            late against the watermark the previous run used (set or derived), as in Spark.
         stats: the counters of the last batch (rows in and out, late rows, timers fired).
     """
 
