@@ -361,6 +361,12 @@ def decode_manifest(
     found = (manifest.root_id, manifest.operator, manifest.partition)
     wanted = (root_id, operator, partition)
     seq = layout.parse_manifest_key(blob)
+    if found[1:] == wanted[1:] and found[0] != root_id and seq in (None, manifest.seq):
+        raise CorruptStateError(
+            f"manifest {blob} belongs to root {found[0]}, but {layout.ROOT_METADATA} says the "
+            f"root is {root_id}: either {layout.ROOT_METADATA} was replaced by another root's "
+            "(restore this root's own), or the manifest was copied from another root"
+        )
     if found != wanted or (seq is not None and seq != manifest.seq):
         raise CorruptStateError(
             f"manifest {blob} belongs to root {found[0]}, store {found[1]}/{found[2]}, "

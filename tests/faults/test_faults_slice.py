@@ -1,8 +1,8 @@
 """A short slice of the randomized fault suites (``make soak`` runs many more seeds).
 
 The corruption seeds are chosen to cover changelogs, snapshot indexes, snapshot files, store
-manifests, commit metrics and root metadata; seeds whose attack meets a known, unfixed bug (a
-deleted or replaced root metadata: seeds 2 and 1001) are left out.
+manifests, commit metrics and root metadata (flipped, deleted: seed 2, replaced by another
+root's: seed 1001).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from tests.faults import __main__ as runner
 from tests.faults.common import Trial, repro
 
 # changelog replace, snapshot file delete, store manifest truncate, snapshot index truncate,
-# root metadata flip (refused naming the blob), commit metrics truncate
-CORRUPTION_SEEDS = [0, 1, 5, 10, 1006, 15]
+# root metadata flip (refused naming the blob), commit metrics truncate, root metadata deleted
+# and replaced
+CORRUPTION_SEEDS = [0, 1, 5, 10, 1006, 15, 2, 1001]
 
 
 def _run(suite: str, seed: int) -> Trial:

@@ -86,3 +86,39 @@ def test_a_partition_count_below_a_partition_in_use_is_refused(tmp_path: Path) -
         with backend.open("sessions", 7, partitions=8) as store:
             assert store.get(b"k") == b"v"
         assert backend.operators() == {"sessions": 8}
+
+
+def test_a_deleted_root_metadata_is_refused_not_started_afresh(tmp_path: Path) -> None:
+    """Starting afresh would mint a new root id and make every store's manifests foreign."""
+    with _backend(tmp_path) as backend:
+        with backend.open("sessions", 0, partitions=1) as store:
+            store.put(b"k", b"v")
+            store.commit()
+        root_id = backend.root_metadata().root_id  # type: ignore[union-attr]
+    saved = (tmp_path / "root" / layout.ROOT_METADATA).read_bytes()
+    (tmp_path / "root" / layout.ROOT_METADATA).unlink()
+    with _backend(tmp_path) as backend:
+        report = backend.verify(deep=False)
+        assert [(p.blob, p.kind) for p in report.problems] == [(layout.ROOT_METADATA, "missing")]
+        assert root_id in report.problems[0].message
+        with pytest.raises(sk.CorruptStateError, match=rf"_statekeeper.json is missing.*{root_id}"):
+            backend.open("sessions", 0)
+    assert not (tmp_path / "root" / layout.ROOT_METADATA).exists()  # nothing was written
+    (tmp_path / "root" / layout.ROOT_METADATA).write_bytes(saved)  # the remedy it names
+    with _backend(tmp_path) as backend, backend.open("sessions", 0) as store:
+        assert store.get(b"k") == b"v"
+
+
+def test_root_metadata_of_another_root_is_named_as_the_likely_culprit(tmp_path: Path) -> None:
+    with _backend(tmp_path) as backend, backend.open("sessions", 0, partitions=1) as store:
+        store.put(b"k", b"v")
+        store.commit()
+    other = tmp_path / "other"
+    with sk.StateBackend(str(other), config=sk.StoreConfig(local_dir=str(tmp_path / "o"))) as b:
+        b.register("sessions", 1)
+    (tmp_path / "root" / layout.ROOT_METADATA).write_bytes(
+        (other / layout.ROOT_METADATA).read_bytes()
+    )
+    backend = _backend(tmp_path)
+    with backend, pytest.raises(sk.CorruptStateError, match=r"_statekeeper\.json was replaced"):
+        backend.open("sessions", 0)

@@ -25,7 +25,7 @@ from statekeeper.store._root import FORMAT_VERSION, Retention, RootMetadata, Roo
 from statekeeper.store._snapshots import Snapshotter, remove_stale_checkpoints
 from statekeeper.store._state_store import StateStore
 from statekeeper.store._working_copy import DamagedCopyError, WorkingCopy
-from statekeeper.verify import Progress, VerifyReport, verify_root
+from statekeeper.verify import Problem, Progress, VerifyReport, verify_root
 
 __all__ = ["StateBackend"]
 
@@ -267,10 +267,14 @@ class StateBackend:
             StorageError: a listing or read failed for a reason other than a missing blob.
         """
         meta = self._registry.read()
-        return verify_root(
+        report = verify_root(
             self._blobs, self._operators(), deep=deep, progress=progress,
             root_id="" if meta is None else meta.root_id,
         )  # fmt: skip
+        missing = None if meta is not None else self._registry.missing_metadata()
+        if missing is not None:
+            report.problems.append(Problem("", layout.ROOT_METADATA, "missing", missing))
+        return report
 
     def _operators(self) -> list[str]:
         return sorted(self.operators())

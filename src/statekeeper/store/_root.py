@@ -11,6 +11,7 @@ then on instead of writing blobs no manifest names.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
@@ -26,6 +27,7 @@ from statekeeper.errors import (
     CommitConflictError,
     ConfigMismatchError,
     CorruptStateError,
+    StateKeeperError,
     StateNotFoundError,
 )
 from statekeeper.storage import BlobStore
@@ -326,6 +328,9 @@ class RootRegistry:
             etag, current = None, None
         fresh = current is None
         if current is None:
+            missing = self.missing_metadata()
+            if missing is not None:
+                raise CorruptStateError(missing)
             current = RootMetadata(FORMAT_VERSION, uuid.uuid4().hex, int(time.time() * 1000))
         updated = change(current)
         if updated is None:
@@ -340,6 +345,31 @@ class RootRegistry:
         except (CommitConflictError, StateNotFoundError):
             return None  # somebody else changed it: read again and retry
         return updated
+
+    def missing_metadata(self) -> str | None:
+        """What is wrong if the root holds state but no root metadata (``None`` if it holds
+        none: a new root). Starting such a root afresh would give it a new root id, and
+        every store manifest, naming the old one, would be refused from then on.
+
+        Raises:
+            StorageError: the root cannot be listed.
+        """
+        state = [m.key for m in self._blobs.list() if layout.parse_store_key(m.key) is not None]
+        if not state:
+            return None
+        root_id = "unknown"
+        for key in state:
+            if layout.parse_manifest_key(key) is not None:
+                with contextlib.suppress(StateKeeperError, ValueError, AttributeError):
+                    root_id = str(json.loads(self._blobs.get(key)).get("rootId"))
+                break
+        return (
+            f"root metadata {self._describe()} is missing, but the root holds state "
+            f"({len(state)} store blobs, for example {state[0]}): it was deleted, or the root "
+            f"was copied without it. Restore {layout.ROOT_METADATA} from a backup or a copy "
+            f"of the root (its rootId is {root_id}); statekeeper does not start a root that "
+            "holds state afresh, since a new root id would make every store unreadable"
+        )
 
     def _describe(self) -> str:
         return f"{self._blobs.uri.rstrip('/')}/{layout.ROOT_METADATA}"
