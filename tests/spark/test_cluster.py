@@ -82,6 +82,13 @@ def cluster(no_classic_session: SparkHolder) -> Iterator[SparkSession]:
     )
     session.sparkContext.setLogLevel("ERROR")
     try:
+        # getOrCreate returns before the workers have launched both executor JVMs (on a
+        # loaded machine one came up seconds later): the tests count and kill them.
+        app_id = session.sparkContext.applicationId
+        deadline = time.monotonic() + 120
+        while len(executor_pids(app_id)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(executor_pids(app_id)) == 2, "local-cluster[2,1,1024] started no 2 executors"
         yield session
     finally:
         session.stop()
