@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import statekeeper as sk
 from statekeeper import layout
 from statekeeper.history import RootListing
-from statekeeper.metrics import commit_history, read_commit_metrics
+from statekeeper.metrics import (
+    CommitMetrics,
+    commit_history,
+    decode_commit_metrics,
+    encode_commit_metrics,
+    read_commit_metrics,
+)
 
 
 def _metrics_blobs(backend: sk.StateBackend) -> list[int]:
@@ -53,3 +61,22 @@ def test_commit_history_counts_bytes_and_records_from_the_blobs(tmp_path: Path) 
     assert [c.bytes for c in commits] == [i.bytes_uploaded for i in infos]
     assert all(c.latency_ms is not None and c.latency_ms > 0 for c in commits)
     assert [c.version for c in last_two] == [3, 4]
+
+
+def test_a_metrics_blob_is_checksummed_and_named_for_its_store() -> None:
+    """A flipped digit still parses as JSON, and another store's blob under this name is
+    well formed: only the checksum and the identity check catch them."""
+    commits = [CommitMetrics(version=v, duration_ms=1.5, bytes=10, records=2, committed_time_ms=7)
+               for v in (3, 4)]  # fmt: skip
+    key = layout.metrics_key("op", 0, 4)
+    blob = encode_commit_metrics("op", 0, commits)
+    assert decode_commit_metrics(blob, blob=key) == commits
+    edited = blob.replace(b'"bytes":10', b'"bytes":19', 1)
+    assert edited != blob
+    with pytest.raises(sk.CorruptStateError, match=f"{key}.*checksum mismatch"):
+        decode_commit_metrics(edited, blob=key)
+    other = encode_commit_metrics("op", 1, commits)
+    with pytest.raises(sk.CorruptStateError, match="store op/0 up to version 4, found those of"):
+        decode_commit_metrics(other, blob=key)
+    with pytest.raises(sk.CorruptStateError, match="up to version 5, found those of store op/0"):
+        decode_commit_metrics(blob, blob=layout.metrics_key("op", 0, 5))

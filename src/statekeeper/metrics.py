@@ -36,6 +36,7 @@ from typing import Any
 
 from statekeeper import layout
 from statekeeper.changelog import MAX_HEADER_SIZE, read_header
+from statekeeper.checksum import canonical_json, check_sealed, seal
 from statekeeper.errors import CorruptStateError, StateNotFoundError
 from statekeeper.history import RootListing, StoreHistory
 from statekeeper.snapshot import SnapshotIndex, load_index, referenced_blob_ids
@@ -53,7 +54,8 @@ __all__ = [
     "write_commit_metrics",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2 adds a CRC32C of the document (format 1 is still read)."""
 _FORMAT_NAME = "statekeeper-commit-metrics"
 
 
@@ -101,15 +103,17 @@ def encode_commit_metrics(operator: str, partition: int, commits: Sequence[Commi
         "partition": layout.validate_partition(partition),
         "commits": [c.to_json() for c in sorted(commits, key=lambda c: c.version)],
     }
-    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return canonical_json(seal(doc))
 
 
 def decode_commit_metrics(data: bytes, *, blob: str) -> list[CommitMetrics]:
-    """Parse a commit-metrics blob.
+    """Parse a commit-metrics blob; when ``blob`` is a metrics key, also check the blob is
+    that store's and ends at the version its name says.
 
     Raises:
-        CorruptStateError: not a commit-metrics document, or written by a newer format
-            version; the message names ``blob``.
+        CorruptStateError: not a commit-metrics document, a checksum mismatch, another
+            store's or version's blob, or written by a newer format version; the message
+            names ``blob``.
     """
     try:
         doc = json.loads(data)
@@ -121,9 +125,25 @@ def decode_commit_metrics(data: bytes, *, blob: str) -> list[CommitMetrics]:
                 f"written by a newer statekeeper: expected formatVersion <= {FORMAT_VERSION}, "
                 f"found {version!r}"
             )
-        return [_entry(c) for c in doc["commits"]]
+        if version >= 2:
+            check_sealed(doc, what=f"commit-metrics blob {blob!r}")
+        entries = [_entry(c) for c in doc["commits"]]
+        _check_identity(doc, entries, blob)
+        return entries
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptStateError(f"commit-metrics blob {blob!r} is not valid: {exc}") from exc
+
+
+def _check_identity(doc: dict[str, Any], entries: list[CommitMetrics], blob: str) -> None:
+    store, last = layout.parse_store_key(blob), layout.parse_metrics_key(blob)
+    if store is None or last is None:
+        return  # not read from its place in a root: nothing to compare
+    found = (doc.get("operator"), doc.get("partition"), entries[-1].version if entries else None)
+    if found != (*store, last):
+        raise ValueError(
+            f"expected the commits of store {store[0]}/{store[1]} up to version {last}, found "
+            f"those of store {found[0]}/{found[1]} up to version {found[2]}"
+        )
 
 
 def _entry(obj: Any) -> CommitMetrics:

@@ -175,7 +175,7 @@ def test_commit_metrics_round_trip_and_keys() -> None:
     [
         (b"not json", "not valid"),
         (b'{"format": "other"}', "format"),
-        (b'{"format": "statekeeper-commit-metrics", "formatVersion": 2, "commits": []}', "newer"),
+        (b'{"format": "statekeeper-commit-metrics", "formatVersion": 3, "commits": []}', "newer"),
         (
             b'{"format": "statekeeper-commit-metrics", "formatVersion": 1, "commits": '
             b'[{"version": 0, "durationMs": 1, "bytes": 1, "records": 1, "committedTimeMs": 1}]}',

@@ -14,8 +14,8 @@ from tests.faults.common import Trial, repro
 
 # changelog replace, snapshot file delete, store manifest truncate, snapshot index truncate,
 # root metadata flip (refused naming the blob), commit metrics truncate, root metadata deleted
-# and replaced
-CORRUPTION_SEEDS = [0, 1, 5, 10, 1006, 15, 2, 1001]
+# and replaced, commit metrics replaced by another store's
+CORRUPTION_SEEDS = [0, 1, 5, 10, 1006, 15, 2, 1001, 1030]
 
 
 def _run(suite: str, seed: int) -> Trial:
