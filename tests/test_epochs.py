@@ -19,6 +19,7 @@ from statekeeper.epochs import (
     write_manifest,
 )
 from statekeeper.gc import collect_garbage
+from statekeeper.reports import KEEP_BATCHES, sweep_reports
 from statekeeper.storage import LocalBlobStore
 
 Q1, Q2 = "0b5c2f0e-1111-4c1e-9a52-0c6d7a1e0001", "0b5c2f0e-2222-4c1e-9a52-0c6d7a1e0002"
@@ -104,16 +105,20 @@ def test_gc_keeps_the_newest_epochs_of_every_query(blobs: LocalBlobStore, tmp_pa
     assert (latest_epoch(blobs, Q1), latest_epoch(blobs, Q2)) == (4, 2)
 
 
-def test_gc_keeps_the_task_reports_of_the_newest_batches(
+def test_gc_sweeps_task_reports_past_the_window_tasks_keep(
     blobs: LocalBlobStore, tmp_path: Path
 ) -> None:
-    for batch in range(4):
+    """Tasks prune their own partition's reports past KEEP_BATCHES; GC applies the same
+    window to what no task prunes any more (here the partitions of a stopped operator)."""
+    newest = KEEP_BATCHES + 3
+    for batch in (0, 2, 3, newest):
         for partition in (0, 1):
             blobs.put(layout.report_key("counts", batch, partition), b"{}")
-    blobs.put(layout.report_key("other", 0, 0), b"{}")
+    blobs.put(layout.report_key("other", 0, 0), b"{}")  # its newest batch: kept
     config = sk.StoreConfig(local_dir=str(tmp_path / "l"), retain_versions=2)
     deleted = collect_garbage(blobs, config, []).deleted_keys
     assert sorted(deleted) == sorted(
-        layout.report_key("counts", b, p) for b in (0, 1) for p in (0, 1)
+        layout.report_key("counts", b, p) for b in (0, 2) for p in (0, 1)
     )
     assert len(blobs.list(layout.reports_prefix())) == 5
+    assert sweep_reports(blobs, keep=0) == [layout.report_key("counts", 3, p) for p in (0, 1)]

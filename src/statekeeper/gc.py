@@ -67,6 +67,7 @@ from statekeeper.manifest import (
     with_base,
     write_manifest,
 )
+from statekeeper.reports import sweep_reports
 from statekeeper.snapshot import SnapshotIndex, load_index, referenced_blob_ids
 from statekeeper.storage import BlobMeta, BlobStore
 
@@ -180,7 +181,7 @@ def collect_garbage(
         report.incomplete_writes = blobs.sweep_incomplete(older_than, dry_run=dry_run)
         if not dry_run:
             report.deleted_keys.extend(_expire_epochs(blobs, config))
-            report.deleted_keys.extend(_expire_reports(blobs, config))
+            report.deleted_keys.extend(sweep_reports(blobs))
     report.duration_s = time.monotonic() - started
     _log.info(
         "gc%s: %d blobs, %d bytes %s in %d stores (%.2fs)",
@@ -509,24 +510,6 @@ def _expire_epochs(blobs: BlobStore, config: StoreConfig) -> list[str]:
         key
         for epochs in by_query.values()
         for _, key in sorted(epochs)[: max(0, len(epochs) - config.retain_versions)]
-    ]
-    if doomed:
-        blobs.delete_many(doomed)
-    return doomed
-
-
-def _expire_reports(blobs: BlobStore, config: StoreConfig) -> list[str]:
-    """Delete task reports of each operator's micro-batches beyond its newest
-    ``retain_versions`` (they feed per-batch metrics, read soon after the batch)."""
-    batches: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
-    for m in blobs.list(layout.reports_prefix()):
-        if (parsed := layout.parse_report_key(m.key)) is not None:
-            batches[parsed[0]][parsed[1]].append(m.key)
-    doomed = [
-        key
-        for by_batch in batches.values()
-        for batch in sorted(by_batch)[: max(0, len(by_batch) - config.retain_versions)]
-        for key in by_batch[batch]
     ]
     if doomed:
         blobs.delete_many(doomed)

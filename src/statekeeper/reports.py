@@ -13,7 +13,9 @@ most one report per partition and never has to pick among attempts. A crash betw
 commit and the report loses only the report.
 
 Reports are pruned by the tasks themselves: every ``PRUNE_EVERY`` micro-batches a task
-deletes its partition's reports older than ``KEEP_BATCHES`` batches (one request).
+deletes its partition's reports older than ``KEEP_BATCHES`` batches (one request). Garbage
+collection applies the same window with :func:`sweep_reports` to what no task prunes any
+more (a partition or an operator that stopped running).
 
 Document (UTF-8 JSON, keys sorted)::
 
@@ -44,6 +46,7 @@ __all__ = [
     "encode_report",
     "prune_reports",
     "read_reports",
+    "sweep_reports",
     "write_report",
 ]
 
@@ -189,3 +192,29 @@ def prune_reports(blobs: BlobStore, operator: str, partition: int, batch_id: int
     ]
     blobs.delete_many(keys)
     return len(keys)
+
+
+def sweep_reports(blobs: BlobStore, *, keep: int = KEEP_BATCHES) -> list[str]:
+    """Delete, per operator, the reports of micro-batches older than ``keep`` batches before
+    its newest reported one: the window :func:`prune_reports` keeps, over the whole root.
+
+    Returns the keys deleted.
+
+    Raises:
+        StorageError: the listing or a delete failed.
+    """
+    batches: dict[str, dict[int, list[str]]] = {}
+    for meta in blobs.list(layout.reports_prefix()):
+        if (parsed := layout.parse_report_key(meta.key)) is not None:
+            operator, batch, _ = parsed
+            batches.setdefault(operator, {}).setdefault(batch, []).append(meta.key)
+    doomed = [
+        key
+        for by_batch in batches.values()
+        for batch, keys in by_batch.items()
+        if batch < max(by_batch) - keep
+        for key in keys
+    ]
+    if doomed:
+        blobs.delete_many(doomed)
+    return doomed
