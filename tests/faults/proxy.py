@@ -26,7 +26,8 @@ import socket
 import threading
 import time
 from collections import Counter
-from urllib.parse import urlsplit
+
+from tests.storage.emulators import LoopbackForwarder
 
 _HOP_BY_HOP = frozenset(
     {
@@ -43,28 +44,17 @@ FAULTS = ("500", "503", "drop", "lost reply", "delay", "stall")
 _ERRORS = {"500": (500, "InternalError"), "503": (503, "SlowDown")}
 
 
-class FailingProxy(http.server.ThreadingHTTPServer):
+class FailingProxy(LoopbackForwarder):
     """Forwards to ``upstream`` (``http://host:port``) on a free loopback port, failing a
     seeded fraction ``rate`` of requests; :attr:`faults` counts what it did."""
 
-    daemon_threads = True
-
     def __init__(self, upstream: str, *, seed: int, rate: float, stall_s: float) -> None:
-        parts = urlsplit(upstream)
-        self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.rate, self.stall_s = rate, stall_s
         self.faults: Counter[str] = Counter()
         self.enabled = True
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self._thread = threading.Thread(target=self.serve_forever, name="failing-proxy")
-        self._thread.daemon = True
-        self._thread.start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        super().__init__(upstream, _Handler, "failing-proxy")
 
     def draw(self) -> tuple[str | None, float]:
         """The fault for the next request (``None``: forward it untouched) and a delay."""
@@ -77,11 +67,6 @@ class FailingProxy(http.server.ThreadingHTTPServer):
 
     def handle_error(self, request: object, client_address: object) -> None:
         """A client that gave up (timeout) closes its end first: not worth a traceback."""
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
-        self._thread.join(timeout=10)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -121,7 +106,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _forward(self, body: bytes) -> tuple[int, dict[str, str], bytes]:
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
-        connection = http.client.HTTPConnection(*self.server.upstream, timeout=30)
+        connection = http.client.HTTPConnection(
+            self.server.upstream_host, self.server.upstream_port, timeout=30
+        )
         try:
             connection.request(self.command, self.path, body=body or None, headers=headers)
             response = connection.getresponse()

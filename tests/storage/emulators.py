@@ -300,34 +300,44 @@ _HOP_BY_HOP = frozenset(
 _BOUNDARY = "statekeeper-xml-put-bridge"
 
 
-class XmlPutBridge(http.server.ThreadingHTTPServer):
-    """Forwards GCS requests to fake-gcs-server, turning XML object PUTs into JSON uploads."""
+class LoopbackForwarder(http.server.ThreadingHTTPServer):
+    """An HTTP server on a free loopback port, serving in a thread, in front of ``upstream``
+    (``http://host:port``): what a handler forwards to is :attr:`upstream_host` and
+    :attr:`upstream_port`."""
 
     daemon_threads = True
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(
+        self, upstream: str, handler: type[http.server.BaseHTTPRequestHandler], name: str
+    ) -> None:
         parts = urlsplit(upstream)
         self.upstream_host = parts.hostname or "127.0.0.1"
         self.upstream_port = parts.port or 80
-        self.puts_bridged = 0
-        self._count_lock = threading.Lock()
-        super().__init__(("127.0.0.1", 0), _BridgeHandler)
-        self._thread = threading.Thread(target=self.serve_forever, name="xml-put-bridge")
-        self._thread.daemon = True
+        super().__init__(("127.0.0.1", 0), handler)
+        self._thread = threading.Thread(target=self.serve_forever, name=name, daemon=True)
         self._thread.start()
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
 
-    def count_put(self) -> None:
-        with self._count_lock:
-            self.puts_bridged += 1
-
     def stop(self) -> None:
         self.shutdown()
         self.server_close()
         self._thread.join(timeout=_STOP_TIMEOUT_S)
+
+
+class XmlPutBridge(LoopbackForwarder):
+    """Forwards GCS requests to fake-gcs-server, turning XML object PUTs into JSON uploads."""
+
+    def __init__(self, upstream: str) -> None:
+        self.puts_bridged = 0
+        self._count_lock = threading.Lock()
+        super().__init__(upstream, _BridgeHandler, "xml-put-bridge")
+
+    def count_put(self) -> None:
+        with self._count_lock:
+            self.puts_bridged += 1
 
 
 class _BridgeHandler(http.server.BaseHTTPRequestHandler):
