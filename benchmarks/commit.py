@@ -40,6 +40,7 @@ from typing import Any
 from release import RELEASE_0_1, extract
 
 import statekeeper as sk
+from statekeeper.storage import open_blob_store
 
 KEY_FMT = b"user:%012d"
 VALUE_SIZE = 100
@@ -95,7 +96,8 @@ def run_size(size: int, commits: int, workdir: Path, seed: int) -> dict[str, Any
     config = sk.StoreConfig(local_dir=str(workdir / "local"), snapshot_every=1_000_000)
     rng = random.Random(seed)
     (workdir / "root").mkdir()
-    blobs = CountingBlobStore(sk.StateBackend(str(workdir / "root")).blobs)
+    # open_blob_store and LocalBlobStore are public in 0.1.0 too, so both protocols run this.
+    blobs = CountingBlobStore(open_blob_store(str(workdir / "root")))
     backend = sk.StateBackend(blobs, config=config)  # type: ignore[arg-type]
     with backend, backend.open("bench", partition=0, partitions=1) as store:
         started = time.perf_counter()
