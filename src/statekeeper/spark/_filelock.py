@@ -12,6 +12,11 @@ and the holder's pid.
 
 The lock is ``fcntl.flock`` on ``<working copy>.lock``; lock files are never deleted (a
 deleted lock file lets two processes lock two different inodes).
+
+Why not the ``filelock`` package (reviewed for issue 13): its ``UnixFileLock`` is the same
+``flock`` call with polling, so it would replace about twenty lines; what this module adds is
+the rest: the request file a waiter leaves for an idle holder, the holder's pid in the
+timeout error, and no extra dependency on every executor. Kept.
 """
 
 from __future__ import annotations
