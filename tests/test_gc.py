@@ -9,6 +9,7 @@ import pytest
 
 import statekeeper as sk
 from statekeeper import layout
+from statekeeper.epochs import build_manifest, write_manifest
 from statekeeper.snapshot import SnapshotIndex, referenced_blob_ids
 from statekeeper.storage import BlobStore, LocalBlobStore
 from tests.blobstores import (
@@ -276,3 +277,40 @@ def test_a_zero_orphan_ttl_never_sweeps_a_commit_being_named(tmp_path: Path) -> 
     with cold.open("op", 0) as store:
         assert store.version == 4
         assert store.get(b"late") == b"value"
+
+
+def _epoch(backend: sk.StateBackend, query: str, epoch: int) -> None:
+    """Write query ``query``'s manifest of micro-batch ``epoch`` (version ``epoch + 1``)."""
+    meta = backend.root_metadata()
+    assert meta is not None
+    manifest, why = build_manifest(
+        backend.blobs, epoch=epoch, query_id=query, run_id=None,
+        operators={"op": (1, {})}, root_id=meta.root_id,
+    )  # fmt: skip
+    assert manifest is not None, why
+    assert write_manifest(backend.blobs, manifest)
+
+
+def test_gc_keeps_the_versions_each_querys_newest_epoch_manifest_names(tmp_path: Path) -> None:
+    """A stale query's newest epoch manifest names version 10 while the store is at 30 and
+    retains 5: version 10 (the cut readers take) stays restorable; the version its older
+    manifest named does not."""
+    root = str(tmp_path / "root")
+    writer = sk.StateBackend(root, config=_config(tmp_path, "w", retain_versions=5))
+    writer._snapshotter.after_upload = None  # no background gc while writing
+    _commit_many(writer, 30)
+    _epoch(writer, "stale", 4)
+    _epoch(writer, "stale", 9)
+    _epoch(writer, "live", 29)
+    report = gc_later(writer)
+    store = report.stores["op/0"]
+    assert (store.latest, store.oldest_retained, store.base) == (30, 10, 10)
+    assert report.deleted_keys  # versions below the cut did go
+    cold = sk.StateBackend(root, config=_config(tmp_path, "cold"))
+    assert cold.versions("op", 0) == list(range(10, 31))
+    for version in (10, 26, 30):
+        with cold.open("op", 0, version=version) as s:
+            assert dict(s.scan()) == _expected(version)
+    with pytest.raises(sk.StateNotFoundError, match="version 5"):
+        cold.open("op", 0, version=5)
+    assert cold.verify(deep=True).ok

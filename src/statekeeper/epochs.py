@@ -4,9 +4,11 @@
 create-only once all partitions of the batch committed (Dozer's ``finalize_epoch``; Samza's
 checkpoint topic). Keyed by query, so two queries on one root each keep theirs. For each
 operator and partition it names the committed version (``b + 1``), the blob that committed
-it, and the newest snapshot index at or below it. It is the consistent cut that tools read
-(:func:`latest_manifest`: every partition of an operator at the same batch); nothing's
-correctness depends on it: every fact in it can be re-derived from the store manifests.
+it, and the newest snapshot index at or below it. It is the consistent cut that readers take
+(:func:`consistent_cut`, from :func:`latest_manifest`: every partition of an operator at the
+same batch; ``read_state`` and the CLI read it), and GC keeps every version named by each
+query's newest manifest restorable (:func:`pinned_versions`). Nothing's correctness depends
+on it: every fact in it can be re-derived from the store manifests.
 Format-1 roots kept them at ``_epochs/<b:020d>.json``; they are still read.
 
 Document (``formatVersion`` 2 adds ``crc32c``, of the canonical JSON without it)::
@@ -23,7 +25,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,11 +42,15 @@ from statekeeper.history import StoreHistory
 from statekeeper.storage import BlobMeta, BlobStore
 
 __all__ = [
+    "Cut",
     "EpochManifest",
     "StoreEntry",
     "build_manifest",
+    "consistent_cut",
     "latest_epoch",
     "latest_manifest",
+    "newest_manifests",
+    "pinned_versions",
     "read_manifest",
     "write_manifest",
 ]
@@ -275,9 +282,9 @@ def latest_epoch(blobs: BlobStore, query_id: str | None = None) -> int | None:
 
 
 def latest_manifest(blobs: BlobStore, operator: str | None = None) -> EpochManifest | None:
-    """The consistent cut tools read: the newest epoch manifest (by the time it was written)
-    of any query that names ``operator`` (any operator if ``None``); ``None`` if none does.
-    A damaged or unreadable newest manifest is skipped for the one before it.
+    """The newest epoch manifest (by the time it was written) of any query that names
+    ``operator`` (any operator if ``None``); ``None`` if none does. A damaged or unreadable
+    newest manifest is skipped for the one before it.
 
     Raises:
         StorageError: the listing failed.
@@ -286,15 +293,152 @@ def latest_manifest(blobs: BlobStore, operator: str | None = None) -> EpochManif
     # Newest first: across queries by when each was written, then by epoch.
     newest = sorted(metas.items(), key=lambda item: (item[1].last_modified, item[0][1]))
     for _, meta in reversed(newest):
-        key = meta.key
-        try:
-            manifest = EpochManifest.from_json(blobs.get(key), blob=key)
-        except (CorruptStateError, ConfigMismatchError, StateNotFoundError) as exc:
-            _log.warning("skipping epoch manifest %s: %s", key, exc)
-            continue
-        if operator is None or operator in manifest.stores:
+        manifest = _readable(blobs, meta.key)
+        if manifest is not None and (operator is None or operator in manifest.stores):
             return manifest
     return None
+
+
+def newest_manifests(blobs: BlobStore) -> list[EpochManifest]:
+    """Each query's newest readable epoch manifest (the format-1 ones count as one query);
+    a damaged or unreadable one is skipped for the one before it.
+
+    Raises:
+        StorageError: the listing failed.
+    """
+    by_query: dict[str | None, list[tuple[int, str]]] = defaultdict(list)
+    for (query, epoch), meta in _epoch_metas(blobs).items():
+        by_query[query].append((epoch, meta.key))
+    found = []
+    for epochs in by_query.values():
+        for _, key in sorted(epochs, reverse=True):
+            manifest = _readable(blobs, key)
+            if manifest is not None:
+                found.append(manifest)
+                break
+    return found
+
+
+def pinned_versions(blobs: BlobStore) -> dict[tuple[str, int], int]:
+    """(operator, partition) -> the oldest version some query's newest epoch manifest names.
+
+    GC keeps these restorable whatever ``retain_versions`` says: they are what
+    :func:`consistent_cut` reads, also for a query that stopped long ago, or when one
+    partition committed far ahead of the others.
+
+    Raises:
+        StorageError: the listing failed.
+    """
+    pins: dict[tuple[str, int], int] = {}
+    for manifest in newest_manifests(blobs):
+        for operator, entries in manifest.stores.items():
+            for e in entries:
+                key = (operator, e.partition)
+                pins[key] = min(e.version, pins.get(key, e.version))
+    return pins
+
+
+@dataclass(frozen=True)
+class Cut:
+    """The versions of an operator's partitions that belong together, and where from."""
+
+    versions: dict[int, int]
+    """Partition -> version."""
+    manifest: EpochManifest | None
+    """The epoch manifest that named them; ``None``: the newest version every partition has."""
+    reason: str = ""
+    """Why no epoch manifest was used (``""`` when one was)."""
+
+    def describe(self) -> str:
+        """Where the versions come from, for messages."""
+        if self.manifest is None:
+            return f"the newest version every partition has ({self.reason})"
+        return f"epoch {self.manifest.epoch} of query {self.manifest.query_id}"
+
+
+def consistent_cut(
+    blobs: BlobStore,
+    operator: str,
+    partitions: int,
+    history: Callable[[int], StoreHistory],
+    *,
+    only: Iterable[int] | None = None,
+) -> Cut:
+    """The versions of ``operator`` to read together: those the newest epoch manifest that
+    names it records (:func:`latest_manifest`), the state after the last micro-batch a query
+    finished — not a batch that failed half way, even if some or all partitions committed it.
+
+    Where there is none (a root written without Spark's listener: by the store API, or from
+    Spark Connect), or it records another partition count, or a version it names is no
+    longer restorable, the newest version every partition has is read instead, and why is
+    logged (INFO without manifests, WARNING otherwise).
+
+    Args:
+        blobs: the root's blob store.
+        operator: the operator.
+        partitions: its partition count (P).
+        history: the history of a partition (e.g. :meth:`StoreHistory.load`).
+        only: the partitions to give versions for (default: all P); without a manifest,
+            the newest version all of them have.
+
+    Raises:
+        StorageError: a listing or read failed.
+        CorruptStateError: no manifest of some store is readable.
+    """
+    wanted = list(range(partitions)) if only is None else sorted(set(only))
+    manifest = latest_manifest(blobs, operator)
+    named, reason = _named_versions(manifest, operator, partitions, wanted, history)
+    if named is not None:
+        return Cut(named, manifest)
+    _log.log(
+        logging.INFO if manifest is None else logging.WARNING,
+        "operator %r: reading the newest version every partition has: %s",
+        operator,
+        reason,
+    )
+    common = min((_newest(history(p)) for p in wanted), default=0)
+    return Cut(dict.fromkeys(wanted, common), None, reason)
+
+
+def _named_versions(
+    manifest: EpochManifest | None,
+    operator: str,
+    partitions: int,
+    wanted: list[int],
+    history: Callable[[int], StoreHistory],
+) -> tuple[dict[int, int] | None, str]:
+    """Partition -> the version ``manifest`` names, or ``None`` and why it cannot be read."""
+    if manifest is None:
+        return None, f"no epoch manifest names operator {operator!r}"
+    which = f"epoch manifest {manifest.epoch} of query {manifest.query_id}"
+    count = manifest.partitions.get(operator)
+    if count != partitions:
+        return None, f"{which} records {count} partitions, the root {partitions}"
+    named = {e.partition: e.version for e in manifest.stores[operator]}
+    versions: dict[int, int] = {}
+    for p in wanted:
+        if p not in named:
+            return None, f"{which} names no version of partition {p}"
+        try:
+            history(p).plan(named[p], None)
+        except StateNotFoundError as exc:
+            return None, f"{which} names version {named[p]} of partition {p}: {exc}"
+        versions[p] = named[p]
+    return versions, ""
+
+
+def _newest(history: StoreHistory) -> int:
+    versions = history.restorable_versions()
+    return versions[-1] if versions else 0
+
+
+def _readable(blobs: BlobStore, key: str) -> EpochManifest | None:
+    """The manifest stored at ``key``, or ``None`` (logged) if it is damaged or gone."""
+    try:
+        return EpochManifest.from_json(blobs.get(key), blob=key)
+    except (CorruptStateError, ConfigMismatchError, StateNotFoundError) as exc:
+        _log.warning("skipping epoch manifest %s: %s", key, exc)
+        return None
 
 
 def _epoch_metas(

@@ -5,7 +5,10 @@ step, expressed as "delete only what is unreachable and old"), so a run that die
 is completed by the next one, and nothing depends on in-memory state.
 
 Per store, with ``latest`` its newest restorable version and ``oldest = latest -
-retain_versions + 1``:
+retain_versions + 1``, or, if lower, the oldest version the newest epoch manifest of some
+query names (:func:`statekeeper.epochs.pinned_versions`): that is the consistent cut
+``read_state`` and the CLI read, and it must stay restorable however far one partition
+committed ahead of the others, or however long ago the query stopped:
 
 * the *base* is the newest snapshot at or below ``oldest`` from which the changelogs reach
   ``latest`` (or the empty store, version 0, when there is none: then nothing is expired);
@@ -53,6 +56,7 @@ from dataclasses import dataclass, field
 
 from statekeeper import layout
 from statekeeper.config import StoreConfig
+from statekeeper.epochs import pinned_versions
 from statekeeper.errors import (
     CommitConflictError,
     CorruptStateError,
@@ -157,19 +161,19 @@ def collect_garbage(
     now = time.time() if now is None else now
     config = _clamped(config)
     report = GcReport(dry_run=dry_run)
+    pins = pinned_versions(blobs)
     for operator in operators:
         for partition, metas in _store_blobs(blobs, operator, only).items():
             if budget_s is not None and time.monotonic() - started > budget_s:
                 report.complete = False
                 break
             is_busy = (operator, partition) in busy
+            pin = pins.get((operator, partition))
+            where = _Store(blobs, config, operator, partition, root_id, now, dry_run, pin)
             if any(layout.parse_manifest_key(m.key) is not None for m in metas):
-                where = _Store(blobs, config, operator, partition, root_id, now, dry_run)
                 store_report, doomed = _plan_manifest_store(where, metas, is_busy)
             else:
-                store_report, doomed = _plan_store(
-                    blobs, config, operator, partition, metas, now, is_busy
-                )
+                store_report, doomed = _plan_store(where, metas, is_busy)
             report.stores[store_report.store] = store_report
             if not dry_run:
                 _delete_in_order(blobs, doomed)
@@ -227,16 +231,9 @@ def _store_blobs(
     return dict(sorted(by_partition.items()))
 
 
-def _plan_store(
-    blobs: BlobStore,
-    config: StoreConfig,
-    operator: str,
-    partition: int,
-    metas: list[BlobMeta],
-    now: float,
-    busy: bool,
-) -> tuple[StoreGc, list[str]]:
-    """Decide what to delete in one store; returns the report and the doomed keys."""
+def _plan_store(st: _Store, metas: list[BlobMeta], busy: bool) -> tuple[StoreGc, list[str]]:
+    """Decide what to delete in a format-1 store; returns the report and the doomed keys."""
+    blobs, config, operator, partition = st.blobs, st.config, st.operator, st.partition
     report = StoreGc(store=f"{operator}/{partition}")
     changelogs = {v: m for m in metas if (v := layout.parse_changelog_key(m.key)) is not None}
     indexes = {v: m for m in metas if (v := layout.parse_snapshot_key(m.key)) is not None}
@@ -250,7 +247,9 @@ def _plan_store(
         return report, []
     restorable = history.restorable_versions()
     report.oldest_retained = min(
-        v for v in restorable if v > report.latest - config.retain_versions
+        v
+        for v in restorable
+        if v > report.latest - config.retain_versions or (st.pin is not None and v >= st.pin)
     )
     report.base = history.plan(report.oldest_retained, None).base
     try:
@@ -276,7 +275,7 @@ def _plan_store(
             continue
         # Files of expired snapshots go now (a new snapshot only ever reuses files of the
         # newest one, which is kept); orphans wait out the grace period.
-        if blob_id in expired or (not busy and now - m.last_modified >= config.orphan_ttl_s):
+        if blob_id in expired or (not busy and st.now - m.last_modified >= config.orphan_ttl_s):
             doomed.append(m)
     return report, _tally(report, metas, {m.key for m in doomed})
 
@@ -290,6 +289,8 @@ class _Store:
     root_id: str
     now: float
     dry_run: bool
+    pin: int | None = None
+    """The oldest version an epoch manifest names: kept restorable."""
 
 
 def _plan_manifest_store(
@@ -310,7 +311,7 @@ def _plan_manifest_store(
         _log.warning("gc skipped store %s: %s", report.store, exc)
         return report, []
     report.latest, report.base = manifest.latest, manifest.base
-    report.oldest_retained = _oldest_retained(manifest, st.config)
+    report.oldest_retained = _oldest_retained(manifest, st)
     old = st.now - st.config.orphan_ttl_s
     superseded = _superseded(st, metas, old)
     doomed: list[BlobMeta] = []
@@ -330,8 +331,11 @@ def _plan_manifest_store(
     return report, _tally(report, metas, {m.key for m in doomed})
 
 
-def _oldest_retained(manifest: StoreManifest, config: StoreConfig) -> int:
-    return max(manifest.base, manifest.latest - config.retain_versions + 1)
+def _oldest_retained(manifest: StoreManifest, st: _Store) -> int:
+    oldest = manifest.latest - st.config.retain_versions + 1
+    if st.pin is not None:
+        oldest = min(oldest, st.pin)
+    return max(manifest.base, oldest)
 
 
 def _expired_version(key: str, base: int) -> bool:
@@ -376,7 +380,7 @@ def _new_base(
 ) -> int | None:
     """The newest snapshot at or below the oldest retained version whose index and files
     all exist (``checked``: index keys found complete already), if it is above the base."""
-    oldest = _oldest_retained(manifest, st.config)
+    oldest = _oldest_retained(manifest, st)
     candidates = [s for s in manifest.snapshots if manifest.base < s.version <= oldest]
     for snap in reversed(candidates):
         if snap.index_blob in checked:
