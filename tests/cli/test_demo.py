@@ -7,13 +7,15 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from statekeeper import StateBackend, StoreConfig
 from statekeeper.cli.demo import DemoError, DemoOptions
-from statekeeper.cli.demo._clicks import Click, batch_clicks, write_batch
-from statekeeper.cli.demo._reference import compare, expected_sessions
+from statekeeper.cli.demo._clicks import SPAN_S, T0, Click, batch_clicks, write_batch
+from statekeeper.cli.demo._reference import Found, compare, expected_sessions, watermarks_ms
+from statekeeper.cli.demo._sessionizer import Sessionizer, merge_click
 from statekeeper.cli.demo._workdir import MARKER_FILE, prepare
 
 PARTITIONS = 3
@@ -65,38 +67,137 @@ def test_demo_crashes_restores_and_passes_its_equality_check(tmp_path: Path) -> 
     assert (demo_dir / MARKER_FILE).is_file()
 
 
-def test_the_reference_sessionizes_by_event_time_gaps() -> None:
-    """Two clicks 60 s apart share a session, a 121 s gap starts the next; only sessions
-    followed by another one are closed (the sink's rows)."""
-    clicks = [
-        Click("a", 1000, "home", 1),
-        Click("a", 1181, "cart", 3),  # out of order on purpose
-        Click("a", 1060, "home", 2),
-        Click("b", 5000, "help", 4),
+def test_the_reference_closes_sessions_at_the_watermark_and_drops_late_clicks() -> None:
+    """Batch b's watermark is the newest click of batches before b minus the delay; a click
+    at or before the previous batch's watermark is dropped; a session is in the sink once
+    the last watermark reaches its last click + gap, else open in the state."""
+    batches = [
+        [Click("a", 1000, "home", 1), Click("a", 1060, "home", 2), Click("b", 1100, "help", 3)],
+        [Click("a", 1181, "cart", 4), Click("c", 1500, "home", 5)],  # a: 121 s later
+        [Click("b", 1150, "home", 6), Click("c", 1550, "deals", 7)],  # b: in time (W0 = 0)
+        # late against W2 = 1500 - 100 = 1400 s: b's 1100 (dropped), not d's 1451
+        [Click("b", 1100, "help", 8), Click("d", 1451, "home", 9), Click("a", 1700, "home", 10)],
     ]
-    expected = expected_sessions(clicks, gap_s=120)
-    assert expected.closed == [("a", 1, 1000, 1060, 2)]
+    assert watermarks_ms(batches, delay_s=100) == [0, 1_000_000, 1_400_000, 1_450_000]
+    expected = expected_sessions(batches, gap_s=120, delay_s=100)
+    assert expected.late == 1
+    assert expected.watermark_ms == 1_450_000
+    # (1060 + 120) and (1150 + 120) s are at or before 1450 s; 1181 + 120 is too
+    assert expected.closed == [("a", 1, 1000, 1060, 2), ("a", 2, 1181, 1181, 1),
+                               ("b", 1, 1100, 1150, 2)]  # fmt: skip
+    assert expected.open == {"a": [[1700, 1700, 1]], "c": [[1500, 1550, 2]], "d": [[1451, 1451, 1]]}
     assert expected.summary == {
-        "a": {"sessions": 2, "events": 3, "start": 1181, "last_seen": 1181, "open_events": 1},
-        "b": {"sessions": 1, "events": 1, "start": 5000, "last_seen": 5000, "open_events": 1},
+        "a": {"sessions": 2, "events": 4},
+        "b": {"sessions": 1, "events": 2},
+        "c": {"sessions": 0, "events": 2},
+        "d": {"sessions": 0, "events": 1},
     }
-    assert expected.pages == {"a": {"home": 2, "cart": 1}, "b": {"help": 1}}
-    assert expected.sessions == 3
+    assert expected.pages["b"] == {"help": 1, "home": 1}
+    assert expected.sessions == 6
 
-    outcome = compare(expected, [], expected.summary, expected.pages)
-    assert outcome.differences == ["sink lacks 1x session ('a', 1, 1000, 1060, 2)"]
+    found = Found(dict(expected.summary), dict(expected.open), dict(expected.pages))
+    assert compare(expected, expected.closed, found).passed
+    found.open["c"] = [[1500, 1550, 3]]
+    outcome = compare(expected, expected.closed[1:], found)
+    assert outcome.differences == [
+        "sink lacks 1x session ('a', 1, 1000, 1060, 2)",
+        "state 'open' of c: expected [[1500, 1550, 2]], found [[1500, 1550, 3]]",
+    ]
+
+
+def test_a_click_joins_bridges_or_opens_sessions() -> None:
+    """A click within the gap of a session extends it (before or after), one that bridges
+    two merges them, any other opens its own; the list stays sorted."""
+    sessions = [[100, 200, 3], [500, 600, 2]]
+    assert merge_click(sessions, 250, 60) == [[100, 250, 4], [500, 600, 2]]
+    assert merge_click(sessions, 50, 60) == [[50, 200, 4], [500, 600, 2]]
+    assert merge_click([[100, 200, 3], [300, 400, 1]], 250, 60) == [[100, 400, 5]]
+    assert merge_click(sessions, 350, 60) == [[100, 200, 3], [350, 350, 1], [500, 600, 2]]
+    assert merge_click([], 7, 60) == [[7, 7, 1]]
+
+
+def _events(clicks: list[Click]) -> Any:
+    import pyarrow as pa
+
+    return pa.table(
+        {
+            "user": pa.array([c.user for c in clicks], pa.string()),
+            "ts": pa.array([c.ts for c in clicks], pa.int64()),
+            "page": pa.array([c.page for c in clicks], pa.string()),
+            "event_id": pa.array([c.event_id for c in clicks], pa.int64()),
+            "event_time": pa.array([c.ts * 1000 for c in clicks], pa.timestamp("ms")),
+        }
+    )
+
+
+def test_the_sessionizer_equals_the_reference_batch_by_batch() -> None:
+    """The demo's processor, run by the same runner as a Spark task (ProcessorTester) over
+    the generator's batches with stragglers, emits exactly the reference's closed sessions
+    and leaves exactly its open state, with late clicks dropped, out-of-order clicks
+    accepted and sessions of users who stopped clicking closed by timers."""
+    import pyarrow as pa
+
+    from statekeeper.keyed.testing import ProcessorTester
+
+    schema = pa.schema(
+        [(n, pa.string() if n == "user" else pa.int64())
+         for n in ("user", "session", "start_ts", "end_ts", "events")]
+    )  # fmt: skip
+    batches = [batch_clicks(seed=7, batch=b, keys=120) for b in range(7)]
+    sink: list[tuple[Any, ...]] = []
+    late = 0
+    found = Found()
+    with ProcessorTester(
+        Sessionizer(gap_s=120), keys="user", output_schema=schema, time_mode="event_time",
+        event_time_column="event_time", watermark_delay=300,
+    ) as tester:  # fmt: skip
+        for clicks in batches:
+            sink += [tuple(r.values()) for r in tester.run(_events(clicks))]
+            late += tester.stats.late_rows
+            assert tester.stats.timers_fired == tester.stats.rows_out
+        for entry in tester.state():
+            if entry.state == "pages":
+                found.pages.setdefault(entry.key[0], {})[entry.entry] = entry.value
+            else:
+                getattr(found, entry.state)[entry.key[0]] = entry.value
+        timers = tester.timers()
+    expected = expected_sessions(batches, gap_s=120, delay_s=300)
+    assert compare(expected, sink, found).differences == []
+    assert late == expected.late > 0
+    assert len(expected.closed) > 100
+    # one timer per open session, at its last click + gap
+    assert sorted(timers) == sorted(
+        ((user,), (s[1] + 120) * 1000) for user, open_ in expected.open.items() for s in open_
+    )
+    # users who stopped clicking: their last session was closed by the watermark alone
+    active_last = {c.user for c in batches[-1]}
+    assert any(row[0] not in active_last and row[0] not in expected.open for row in sink)
+    # stragglers out of order: some accepted click is older than a click of an earlier batch
+    seen: dict[str, int] = {}
+    older = 0
+    for clicks in batches:
+        older += sum(c.ts < seen.get(c.user, 0) for c in clicks)
+        for c in clicks:
+            seen[c.user] = max(seen.get(c.user, 0), c.ts)
+    assert older > expected.late
 
 
 @pytest.mark.parametrize("fmt", ["json", "csv", "parquet"])
 def test_batch_files_hold_the_generated_clicks(tmp_path: Path, fmt: str) -> None:
     """Every format round-trips the batch's clicks; the generator is deterministic, keeps
-    each batch in its own event-time window, and leaves no temporary file behind."""
+    each batch in its own event-time window but for a few stragglers from the two windows
+    before it (none in batch 0), and leaves no temporary file behind."""
     import pandas as pd
 
     clicks = batch_clicks(seed=3, batch=2, keys=30)
     assert clicks == batch_clicks(seed=3, batch=2, keys=30)
     assert clicks != batch_clicks(seed=4, batch=2, keys=30)
-    assert max(c.ts for c in batch_clicks(seed=3, batch=1, keys=30)) < min(c.ts for c in clicks)
+    start = T0 + 2 * SPAN_S
+    stragglers = [c for c in clicks if c.ts < start]
+    assert 0 < len(stragglers) < len(clicks) / 10
+    assert all(start - 2 * SPAN_S <= c.ts for c in stragglers)
+    assert all(c.ts < start + SPAN_S for c in clicks)
+    assert all(T0 <= c.ts < T0 + SPAN_S for c in batch_clicks(seed=3, batch=0, keys=30))
     path = write_batch(tmp_path, 2, clicks, fmt)  # type: ignore[arg-type]
     if fmt == "json":
         frame = pd.read_json(path, lines=True)

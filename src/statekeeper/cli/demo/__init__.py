@@ -4,10 +4,12 @@
 
 1. a synthetic clickstream generator writes one input file per micro-batch (JSON, CSV or
    Parquet) into ``<dir>/input``;
-2. a real PySpark Structured Streaming query sessionizes the clicks per user with
-   :func:`statekeeper.spark.transform_with_state` (session count, events, last seen, page
-   counts; a session ends after a gap of ``gap_s`` event-time seconds) and writes closed
-   sessions to a Parquet sink, showing a live table per micro-batch;
+2. a real PySpark Structured Streaming query sessionizes the clicks per user in event time
+   with :func:`statekeeper.spark.transform_with_state` (open sessions, clicks, page counts;
+   clicks at or before the watermark are dropped as late; a session closes on an
+   event-time timer when the watermark passes its last click + ``gap_s``, also for users
+   who stopped clicking) and writes closed sessions to a Parquet sink, showing a live
+   table per micro-batch;
 3. the first phase runs in a child process (the driver) that is killed with ``SIGKILL``,
    together with its JVM and Python workers, in the middle of a micro-batch;
 4. the query restarts in this process on the same local working copies (local reuse), then

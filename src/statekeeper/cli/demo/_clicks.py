@@ -1,10 +1,15 @@
 """The synthetic clickstream: deterministic events, one input file per micro-batch.
 
 Batch ``b`` holds events whose event time lies in ``[T0 + b * SPAN_S, T0 + (b + 1) * SPAN_S)``,
-so every user's events arrive in event-time order from batch to batch (within a file they
-are shuffled: the processor sorts them). About half of the users are active in a batch,
-each with one or two bursts of clicks a few seconds apart; bursts are minutes apart, so
-sessions end within batches and also run on across them.
+apart from stragglers (within a file they are shuffled: the processor sorts them). About
+half of the users are active in a batch, each with one or two bursts of clicks a few
+seconds apart; bursts are minutes apart, so sessions end within batches and also run on
+across them, and users who stop clicking leave sessions that only the watermark closes.
+
+From batch 1 on, about :data:`STRAGGLERS` of a batch's clicks are **stragglers**: clicks
+of random users whose event time lies in the two windows before the batch's. With the
+demo's watermark delay some of them are late (dropped), the others arrive out of order
+and extend, merge or open sessions in the past.
 """
 
 from __future__ import annotations
@@ -20,12 +25,13 @@ from typing import NamedTuple
 
 from statekeeper.cli.demo._options import FileFormat
 
-__all__ = ["INPUT_SCHEMA", "SPAN_S", "T0", "Click", "batch_clicks", "write_batch"]
+__all__ = ["INPUT_SCHEMA", "SPAN_S", "STRAGGLERS", "T0", "Click", "batch_clicks", "write_batch"]
 
 INPUT_SCHEMA = "user string, ts long, page string, event_id long"
 T0 = 1_700_000_000
 SPAN_S = 900
 _ACTIVE = 0.5
+STRAGGLERS = 0.03
 _PAGES = ("home", "search", "product", "cart", "checkout", "account", "help", "deals")
 _PAGE_WEIGHTS = (30, 22, 20, 9, 4, 6, 3, 6)
 _IDS_PER_BATCH = 10_000_000
@@ -62,6 +68,13 @@ def batch_clicks(seed: int, batch: int, keys: int) -> list[Click]:
                 clicks.append(Click(user, t, page, batch * _IDS_PER_BATCH + len(clicks)))
                 t += rng.randint(5, 90)
             t += rng.randint(150, 420)
+    if batch > 0:
+        early = max(T0, start - 2 * SPAN_S)
+        for _ in range(round(len(clicks) * STRAGGLERS)):
+            user = f"user-{rng.randrange(keys):05d}"
+            page = rng.choices(_PAGES, _PAGE_WEIGHTS)[0]
+            t = rng.randrange(early, start)
+            clicks.append(Click(user, t, page, batch * _IDS_PER_BATCH + len(clicks)))
     rng.shuffle(clicks)
     return clicks
 

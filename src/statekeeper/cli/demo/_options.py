@@ -38,6 +38,7 @@ class DemoOptions:
         file_format: format of the input files.
         partitions: state partitions of the operator.
         gap_s: event-time seconds of inactivity that end a session.
+        delay_s: event-time seconds the watermark trails the largest event time seen.
         seed: seed of the clickstream generator.
         fresh: wipe what a previous demo run left (else refuse to run over it).
     """
@@ -51,6 +52,7 @@ class DemoOptions:
     file_format: FileFormat = "json"
     partitions: int = 4
     gap_s: int = 120
+    delay_s: int = 300
     seed: int = 7
     fresh: bool = True
 
@@ -59,6 +61,8 @@ class DemoOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if isinstance(self.delay_s, bool) or not isinstance(self.delay_s, int) or self.delay_s < 0:
+            raise ValueError(f"delay_s must be an int >= 0, got {self.delay_s!r}")
         if isinstance(self.batches, bool) or not isinstance(self.batches, int):
             raise ValueError(f"batches must be an int, got {self.batches!r}")
         if self.batches < MIN_BATCHES:
@@ -158,7 +162,7 @@ class DemoPaths:
 
     @property
     def monitor(self) -> Path:
-        """Local copies of the driver-side monitor that counts users in state."""
+        """Local copies of the driver-side monitor that counts open sessions."""
         return self.base / "monitor"
 
     def local_copies(self, name: str) -> str:

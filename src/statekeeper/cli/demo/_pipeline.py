@@ -3,8 +3,11 @@
 Each phase starts the same query (the same ``checkpointLocation``) with ``availableNow``:
 it reads the input files not yet processed, one per micro-batch, and stops. While it runs,
 the state listener's :class:`~statekeeper.spark.BatchMetrics` of every finished micro-batch
-become a :class:`BatchRow`; the number of users in state is counted by a driver-side
+become a :class:`BatchRow`; the open sessions in state are counted by a driver-side
 :class:`StateMonitor` that follows the root.
+
+The operator runs in event time on ``event_time`` (the click's ``ts`` as a timestamp), with
+the options' watermark delay: late clicks are dropped, and sessions close on timers.
 """
 
 from __future__ import annotations
@@ -17,20 +20,23 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from statekeeper.cli.demo._clicks import INPUT_SCHEMA
 from statekeeper.cli.demo._options import OPERATOR, DemoError, DemoOptions, DemoPaths
 from statekeeper.cli.demo._rows import BatchRow
-from statekeeper.cli.demo._sessionizer import OUTPUT_SCHEMA, SUMMARY, Sessionizer
+from statekeeper.cli.demo._sessionizer import OPEN, OUTPUT_SCHEMA, Sessionizer
 from statekeeper.config import StoreConfig
 from statekeeper.keyed import iter_state
 from statekeeper.spark import BatchMetrics, StateListener, state_listener, transform_with_state
 from statekeeper.store import StateBackend
 
-__all__ = ["StateMonitor", "build_session", "run_phase", "store_config"]
+__all__ = ["EVENT_TIME", "StateMonitor", "build_session", "run_phase", "store_config"]
 
 SNAPSHOT_EVERY = 3
+EVENT_TIME = "event_time"
+"""The input column of event times: the click's ``ts`` (seconds) as a timestamp."""
 _POLL_S = 0.1
 _METRICS_TIMEOUT_S = 60.0
 Emit = Callable[[BatchRow], None]
@@ -91,7 +97,8 @@ def _input_stream(spark: SparkSession, options: DemoOptions, folder: Path) -> Da
     reader = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1)
     if options.file_format == "csv":
         reader = reader.option("header", "true")
-    return reader.format(options.file_format).load(str(folder))
+    clicks = reader.format(options.file_format).load(str(folder))
+    return clicks.withColumn(EVENT_TIME, F.timestamp_seconds("ts"))
 
 
 def run_phase(
@@ -114,6 +121,9 @@ def run_phase(
         partitions=options.partitions,
         config=store_config(local_dir),
         storage_options=options.storage_options or None,
+        time_mode="event_time",
+        event_time_column=EVENT_TIME,
+        watermark_delay=options.delay_s,
     )
     listener = state_listener(spark)
     done = max((m.batch_id for m in listener.metrics(operator=OPERATOR)), default=-1)
@@ -166,7 +176,9 @@ def _row(phase: str, m: BatchMetrics, query: StreamingQuery, monitor: StateMonit
         partitions=m.partitions,
         partitions_committed=m.partitions_committed,
         rows_in=m.rows_in,
-        users_in_state=monitor.users(m.version),
+        late_rows=m.late_rows,
+        sessions_closed=m.rows_out,
+        open_sessions=monitor.open_sessions(m.version),
         commit_p50_ms=m.commit_latency_p50_s * 1000,
         commit_max_ms=m.commit_latency_max_s * 1000,
         bytes_uploaded=m.bytes_uploaded,
@@ -180,7 +192,7 @@ def _row(phase: str, m: BatchMetrics, query: StreamingQuery, monitor: StateMonit
 
 
 class StateMonitor:
-    """Counts users in state at a version, following the root with its own local copies.
+    """Counts open sessions at a version, following the root with its own local copies.
 
     Each call opens every partition at the version asked for; its local copy is then one
     version behind, so only the newest changelog is downloaded and replayed. It never writes
@@ -196,8 +208,8 @@ class StateMonitor:
         )
         self._partitions = options.partitions
 
-    def users(self, version: int) -> int:
-        """Users with a ``summary`` at ``version``, over all partitions.
+    def open_sessions(self, version: int) -> int:
+        """Sessions in the ``open`` states at ``version``, over all partitions.
 
         Raises:
             StateNotFoundError: a partition lacks ``version``.
@@ -205,7 +217,7 @@ class StateMonitor:
         total = 0
         for partition in range(self._partitions):
             with self._backend.open(OPERATOR, partition, version) as store:
-                total += sum(1 for _ in iter_state(store, state=SUMMARY))
+                total += sum(len(entry.value) for entry in iter_state(store, state=OPEN))
         return total
 
     def close(self) -> None:

@@ -1,9 +1,21 @@
 """The batch recomputation: the same sessions computed with pandas over all events, and the
 comparison of the streaming results with it.
 
-The streaming processor walks each user's clicks one by one; this module gets the same
-answer another way (a vectorized gap test and a cumulative sum), so that a bug in one is not
-repeated in the other.
+The streaming processor merges each user's clicks one by one and closes sessions with
+event-time timers; this module gets the same answer another way (the watermarks from the
+batches' event times, late clicks dropped with a mask, sessions by a vectorized gap test and
+a cumulative sum), so that a bug in one is not repeated in the other. The rules are those of
+``statekeeper.keyed.runner`` (after Spark's ``transformWithState``):
+
+* the watermark of micro-batch ``b`` is ``max(0, E - delay)`` in ms, ``E`` the largest event
+  time of batches ``0 .. b-1`` (0 in batch 0);
+* a click of batch ``b`` is late, and dropped, if its event time is at or before the
+  watermark of batch ``b - 1`` (nothing is late in batch 0);
+* timers fire after the batch's input when their expiry is at or before its watermark: a
+  session is closed (in the sink) once the watermark of some batch reaches its last click +
+  gap. No accepted click can join it afterwards (it would be late), so after the last
+  batch a session is closed exactly when ``(last click + gap) * 1000`` is at or before the
+  last batch's watermark; every other session is open (in the state).
 """
 
 from __future__ import annotations
@@ -18,12 +30,14 @@ from statekeeper.cli.demo._clicks import Click
 
 __all__ = [
     "Expected",
+    "Found",
     "Outcome",
     "SessionRow",
     "compare",
     "expected_sessions",
     "shown",
     "state_of",
+    "watermarks_ms",
 ]
 
 SessionRow = tuple[str, int, int, int, int]
@@ -37,16 +51,22 @@ class Expected:
     """What the stream must produce."""
 
     closed: list[SessionRow]
-    """Sessions followed by a later session of the same user (the sink's rows)."""
+    """Sessions the watermark has passed (the sink's rows)."""
     summary: dict[str, Summary]
-    """User -> the processor's ``summary`` value state."""
+    """User -> the ``summary`` value state (sessions closed, clicks accepted)."""
+    open: dict[str, list[list[int]]]
+    """User -> the ``open`` value state: ``[first, last, clicks]`` per open session."""
     pages: dict[str, dict[str, int]]
     """User -> page -> clicks (the ``pages`` map state)."""
+    late: int = 0
+    """Clicks dropped as late."""
+    watermark_ms: int = 0
+    """The watermark of the last micro-batch."""
 
     @property
     def sessions(self) -> int:
         """All sessions, the open ones included."""
-        return sum(s["sessions"] for s in self.summary.values())
+        return len(self.closed) + sum(len(s) for s in self.open.values())
 
 
 @dataclass
@@ -61,12 +81,34 @@ class Outcome:
         return not self.differences
 
 
-def expected_sessions(clicks: Iterable[Click], gap_s: int) -> Expected:
-    """Sessionize every click at once: a session ends after ``gap_s`` seconds of silence."""
+def watermarks_ms(batches: Sequence[Sequence[Click]], delay_s: int) -> list[int]:
+    """The watermark of every micro-batch (ms), one input file per batch."""
+    out: list[int] = []
+    top: int | None = None
+    for clicks in batches:
+        out.append(0 if top is None else max(0, top * 1000 - delay_s * 1000))
+        if clicks:
+            highest = max(c.ts for c in clicks)
+            top = highest if top is None else max(top, highest)
+    return out
+
+
+def expected_sessions(batches: Sequence[Sequence[Click]], gap_s: int, delay_s: int) -> Expected:
+    """Sessionize every accepted click at once (see the module docstring for the rules)."""
     import pandas as pd  # type: ignore[import-untyped]
 
-    df = pd.DataFrame(list(clicks), columns=list(Click._fields))
-    df = df.sort_values(["user", "ts", "event_id"], kind="stable").reset_index(drop=True)
+    marks = watermarks_ms(batches, delay_s)
+    frames = [
+        pd.DataFrame(list(clicks), columns=list(Click._fields)).assign(
+            late_ms=marks[b - 1] if b else 0
+        )
+        for b, clicks in enumerate(batches)
+    ]
+    every = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if every.empty:
+        return Expected([], {}, {}, {})
+    df = every[every["ts"] * 1000 > every["late_ms"]]
+    df = df.sort_values(["user", "ts"], kind="stable").reset_index(drop=True)
     gaps = df.groupby("user")["ts"].diff()
     df["session"] = (gaps.isna() | (gaps > gap_s)).astype("int64").groupby(df["user"]).cumsum()
     per = (
@@ -75,47 +117,48 @@ def expected_sessions(clicks: Iterable[Click], gap_s: int) -> Expected:
         .reset_index()
         .astype({"session": "int64", "min": "int64", "max": "int64", "size": "int64"})
     )
-    last = per.groupby("user")["session"].transform("max")
+    final = marks[-1]
+    per["closed"] = (per["max"] + gap_s) * 1000 <= final
     closed = [
         (str(r.user), int(r.session), int(r.min), int(r.max), int(r.size))
-        for r in per[per["session"] < last].itertuples(index=False)
+        for r in per[per["closed"]].itertuples(index=False)
     ]
     events = df.groupby("user").size()
-    summary = {
-        str(r.user): {
-            "sessions": int(r.session),
-            "events": int(events[r.user]),
-            "start": int(r.min),
-            "last_seen": int(r.max),
-            "open_events": int(r.size),
-        }
-        for r in per[per["session"] == last].itertuples(index=False)
-    }
+    ended = per.groupby("user")["closed"].sum()
+    summary = {str(u): {"sessions": int(ended[u]), "events": int(events[u])} for u in events.index}
+    still: dict[str, list[list[int]]] = {}
+    for r in per[~per["closed"]].itertuples(index=False):
+        still.setdefault(str(r.user), []).append([int(r.min), int(r.max), int(r.size)])
     pages: dict[str, dict[str, int]] = {}
     for (user, page), n in df.groupby(["user", "page"]).size().items():
         pages.setdefault(str(user), {})[str(page)] = int(n)
-    return Expected(closed, summary, pages)
+    return Expected(closed, summary, still, pages, late=len(every) - len(df), watermark_ms=final)
 
 
-def state_of(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Summary], dict[str, Any]]:
-    """``summary`` and ``pages`` per user from the rows of :func:`read_state`."""
-    summary: dict[str, Summary] = {}
-    pages: dict[str, dict[str, int]] = {}
+@dataclass
+class Found:
+    """The stream's state as :func:`statekeeper.spark.read_state` reads it back."""
+
+    summary: dict[str, Summary] = field(default_factory=dict)
+    open: dict[str, list[list[int]]] = field(default_factory=dict)
+    pages: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def state_of(rows: Iterable[Mapping[str, Any]]) -> Found:
+    """``summary``, ``open`` and ``pages`` per user from the rows of :func:`read_state`."""
+    found = Found()
     for row in rows:
         value = json.loads(row["value"])
         if row["state"] == "summary":
-            summary[row["user"]] = value
+            found.summary[row["user"]] = value
+        elif row["state"] == "open":
+            found.open[row["user"]] = value
         elif row["state"] == "pages":
-            pages.setdefault(row["user"], {})[json.loads(row["entry"])] = value
-    return summary, pages
+            found.pages.setdefault(row["user"], {})[json.loads(row["entry"])] = value
+    return found
 
 
-def compare(
-    expected: Expected,
-    sink: Sequence[SessionRow],
-    summary: Mapping[str, Summary],
-    pages: Mapping[str, Mapping[str, int]],
-) -> Outcome:
+def compare(expected: Expected, sink: Sequence[SessionRow], state: Found) -> Outcome:
     """Every difference between the stream's sink and state and the batch recomputation."""
     outcome = Outcome()
     want, got = Counter(expected.closed), Counter(sink)
@@ -123,8 +166,9 @@ def compare(
         outcome.differences.append(f"sink lacks {n}x session {row}")
     for row, n in sorted((got - want).items()):
         outcome.differences.append(f"sink has {n} unexpected copies of session {row}")
-    _compare_maps("summary", expected.summary, summary, outcome)
-    _compare_maps("pages", expected.pages, pages, outcome)
+    _compare_maps("summary", expected.summary, state.summary, outcome)
+    _compare_maps("open", expected.open, state.open, outcome)
+    _compare_maps("pages", expected.pages, state.pages, outcome)
     return outcome
 
 
@@ -136,9 +180,9 @@ def _compare_maps(
             outcome.differences.append(f"state {what!r} lacks user {user}: {want[user]}")
         elif user not in want:
             outcome.differences.append(f"state {what!r} has unexpected user {user}: {got[user]}")
-        elif dict(want[user]) != dict(got[user]):
+        elif want[user] != got[user]:
             outcome.differences.append(
-                f"state {what!r} of {user}: expected {want[user]}, found {dict(got[user])}"
+                f"state {what!r} of {user}: expected {want[user]}, found {got[user]}"
             )
 
 

@@ -28,8 +28,12 @@ class BatchRow:
     partitions: int
     partitions_committed: int
     rows_in: int
-    users_in_state: int
-    """Users with a ``summary`` in the state at ``version``, counted by the monitor."""
+    late_rows: int
+    """Input rows dropped as late (at or before the previous batch's watermark)."""
+    sessions_closed: int
+    """Sessions output: their timers fired in this batch."""
+    open_sessions: int
+    """Sessions open in the state at ``version``, counted by the monitor."""
     commit_p50_ms: float
     commit_max_ms: float
     bytes_uploaded: int

@@ -54,7 +54,8 @@ class _Run:
     options: DemoOptions
     console: Console
     clock: _Clock = field(default_factory=_Clock)
-    clicks: list[Click] = field(default_factory=list)
+    batches: list[list[Click]] = field(default_factory=list)
+    """The clicks of every input file written, one list per micro-batch."""
     spark: SparkSession | None = None
     crash: CrashReport | None = None
     rows: list[BatchRow] = field(default_factory=list)
@@ -82,7 +83,7 @@ def run(options: DemoOptions, console: Console | None = None) -> int:
         demo.restores = [*_pipeline_restores(demo.rows), _open_restore(options)]
         console.print(restore_table(demo.restores))
         assert demo.spark is not None
-        outcome = _check(demo.spark, options, demo.clicks, console)
+        outcome = _check(demo.spark, options, demo.batches, console)
         demo.clock.lap("check")
     finally:
         if demo.spark is not None:
@@ -96,8 +97,9 @@ def _intro(console: Console, options: DemoOptions) -> None:
     console.rule("[bold]statekeeper demo: clickstream sessions on Spark, with a crash")
     console.print(
         f"{options.keys:,} users, {options.batches} micro-batches ({options.file_format} "
-        f"files), {options.partitions} state partitions, sessions end after "
-        f"{options.gap_s} s without a click\n"
+        f"files), {options.partitions} state partitions; in event time: a session closes "
+        f"when the watermark ({options.delay_s} s behind the newest click) passes its last "
+        f"click + {options.gap_s} s, late clicks are dropped\n"
         f"demo folder {paths.base}\ncheckpoint root {paths.root}\n"
         f"local working copies under {paths.local}",
         highlight=False,
@@ -105,20 +107,20 @@ def _intro(console: Console, options: DemoOptions) -> None:
     )
 
 
-def _write(options: DemoOptions, span: tuple[int, int], clicks: list[Click]) -> int:
+def _write(options: DemoOptions, span: tuple[int, int], batches: list[list[Click]]) -> int:
     """Generate and write the input files of batches ``span``; returns the clicks written."""
     written = 0
     for batch in range(*span):
         new = batch_clicks(options.seed, batch, options.keys)
         write_batch(options.paths().input, batch, new, options.file_format)
-        clicks.extend(new)
+        batches.append(new)
         written += len(new)
     return written
 
 
 def _stream(demo: _Run, board: BatchBoard) -> None:
     """The three streaming phases; leaves this process's SparkSession in ``demo.spark``."""
-    options, plan, clicks, clock = demo.options, demo.options.plan(), demo.clicks, demo.clock
+    options, plan, clicks, clock = demo.options, demo.options.plan(), demo.batches, demo.clock
     paths = options.paths()
     n = _write(options, plan.crash, clicks)
     board.note(
@@ -197,23 +199,27 @@ def _open_restore(options: DemoOptions) -> RestoreRow:
 
 
 def _check(
-    spark: SparkSession, options: DemoOptions, clicks: list[Click], console: Console
+    spark: SparkSession, options: DemoOptions, batches: list[list[Click]], console: Console
 ) -> Outcome:
     """Compare the sink and the state with the batch recomputation; print the verdict."""
     paths = options.paths()
-    expected = expected_sessions(clicks, options.gap_s)
+    expected = expected_sessions(batches, options.gap_s, options.delay_s)
     sink = [
         (r["user"], r["session"], r["start_ts"], r["end_ts"], r["events"])
         for r in spark.read.parquet(str(paths.output)).collect()
     ]
     state = read_state(spark, paths.root, OPERATOR, storage_options=options.storage_options)
-    summary, pages = state_of(r.asDict() for r in state.collect())
-    outcome = compare(expected, sink, summary, pages)
+    found = state_of(r.asDict() for r in state.collect())
+    outcome = compare(expected, sink, found)
+    clicks = sum(len(b) for b in batches)
+    still = sum(len(s) for s in expected.open.values())
     console.print(
-        f"\nbatch recomputation over all {len(clicks):,} clicks (pandas): "
-        f"{len(expected.closed):,} closed sessions expected in the sink "
-        f"(found {len(sink):,}), {len(expected.summary):,} users expected in the state "
-        f"(found {len(summary):,})",
+        f"\nbatch recomputation over all {clicks:,} clicks (pandas), {expected.late:,} of them "
+        f"late: {len(expected.closed):,} sessions closed by the last watermark expected in "
+        f"the sink (found {len(sink):,}), {still:,} open sessions of "
+        f"{len(expected.open):,} users and {len(expected.summary):,} users expected in the "
+        f"state (found {sum(len(s) for s in found.open.values()):,} open sessions of "
+        f"{len(found.open):,} users, {len(found.summary):,} users)",
         highlight=False,
         soft_wrap=True,
     )
@@ -251,9 +257,11 @@ def _summary(demo: _Run, outcome: Outcome) -> list[str]:
     problems = [f"{p.blob}: {p.message}" for p in report.problems]
     console.rule("[bold]summary")
     lines = [
-        f"stream: {len(demo.clicks):,} clicks of {options.keys:,} users in {len(demo.rows)} "
-        f"micro-batches over 3 driver runs, {sum(r.rows_in for r in demo.rows):,} rows "
-        "processed",
+        f"stream: {sum(len(b) for b in demo.batches):,} clicks of {options.keys:,} users in "
+        f"{len(demo.rows)} micro-batches over 3 driver runs, "
+        f"{sum(r.rows_in for r in demo.rows):,} rows processed, "
+        f"{sum(r.late_rows for r in demo.rows):,} late rows dropped, "
+        f"{sum(r.sessions_closed for r in demo.rows):,} sessions closed by timers",
         *_crash_summary(demo),
         "check: sink and state "
         + ("equal" if outcome.passed else "[red]differ from[/]")

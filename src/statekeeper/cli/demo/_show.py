@@ -49,7 +49,9 @@ def _cells(row: BatchRow) -> list[str]:
         f"[{_PHASE_STYLE.get(row.phase, '')}]{row.phase}[/]",
         str(row.batch_id),
         f"{row.rows_in:,}",
-        f"{row.users_in_state:,}",
+        f"{row.late_rows:,}",
+        f"{row.sessions_closed:,}",
+        f"{row.open_sessions:,}",
         f"{row.commit_p50_ms:.1f} ms",
         human_bytes(row.bytes_uploaded),
         f"yes ({row.snapshots})" if row.snapshots else "-",
@@ -69,9 +71,10 @@ def _line(row: BatchRow) -> str:
             opened += f" ({human_bytes(row.restore_bytes)} in {row.restore_s:.2f} s)"
     duration = "" if row.duration_ms is None else f"; {row.duration_ms / 1000:.1f} s"
     return (
-        f"  batch {row.batch_id}: {row.rows_in:,} rows, {row.users_in_state:,} users in "
-        f"state, commit p50 {row.commit_p50_ms:.1f} ms, {human_bytes(row.bytes_uploaded)} "
-        f"uploaded, {snapshot}{opened}{duration}"
+        f"  batch {row.batch_id}: {row.rows_in:,} rows ({row.late_rows:,} late, dropped), "
+        f"{row.sessions_closed:,} sessions closed, {row.open_sessions:,} open, commit p50 "
+        f"{row.commit_p50_ms:.1f} ms, {human_bytes(row.bytes_uploaded)} uploaded, "
+        f"{snapshot}{opened}{duration}"
     )
 
 
@@ -79,7 +82,7 @@ class BatchBoard:
     """The table of micro-batches, growing as they finish. A context manager."""
 
     _HEADERS = (
-        "phase", "batch", "rows", "users in state", "commit p50", "uploaded", "snapshot",
+        "phase", "batch", "rows", "late", "closed", "open", "commit p50", "uploaded", "snapshot",
         "stores opened", "restored from root", "time",
     )  # fmt: skip
 
@@ -93,7 +96,7 @@ class BatchBoard:
         """The table of every batch so far."""
         table = Table(title="micro-batches of operator 'sessions'", title_justify="left")
         for i, header in enumerate(self._HEADERS):
-            table.add_column(header, justify="right" if 1 <= i <= 5 else "left")
+            table.add_column(header, justify="right" if 1 <= i <= 7 else "left")
         for row in self.rows:
             table.add_row(*_cells(row))
         return table
