@@ -27,7 +27,9 @@ HERE = Path(__file__).resolve().parent
 RESTORE_WAYS = {
     "local_current": "local copy current (clean restart)",
     "local_behind": "local copy behind by the tail (hard crash)",
-    "cold_snapshot": "fresh local dir: snapshot + changelog tail",
+    "cold_snapshot": "fresh local dir: snapshot + changelog tail (root in the page cache)",
+    "cold_snapshot_uncached": "the same, root evicted from the page cache (read from disk)",
+    "cold_snapshot_s3": "the same from S3 (moto on loopback, objects in its memory)",
     "cold_changelogs": "fresh local dir, no snapshot: replay every changelog",
 }
 
@@ -161,7 +163,7 @@ def _protocols(protocols: dict[str, list[dict[str, Any]]]) -> list[str]:
 
 
 def restore_section(data: dict[str, Any]) -> list[str]:
-    """The restore benchmark: the four ways of opening a store."""
+    """The restore benchmark: the ways of opening a store."""
     state = data["state"]
     order = [w for w in RESTORE_WAYS if w in data["results"]]
     rows = [
@@ -181,7 +183,8 @@ def restore_section(data: dict[str, Any]) -> list[str]:
         "## Restore time (`benchmarks/restore.py`)",
         "",
         f"One store of {state['keys']:,} keys ({state['value_bytes']}-byte values, "
-        f"{state['versions']} versions) opened four ways. Run {data['date']}.",
+        f"{state['versions']} versions) opened {len(order)} ways. Run {data['date']}; root on "
+        "the local filesystem, warm page cache, unless the way says otherwise.",
         "",
         *_table(
             [

@@ -1,22 +1,30 @@
 """Restore time: how long does a restart take, and what does reuse of a local copy save?
 
 One store of ``--keys`` keys (100-byte values) is written as ``--versions`` commits with a
-snapshot at the end plus ``--tail`` further commits, then opened four ways, side by side in
+snapshot at the end plus ``--tail`` further commits, then opened these ways, side by side in
 one run:
 
 * ``local_current``: the local working copy is at the latest version (a clean restart);
 * ``local_behind``: the local copy missed the last ``--tail`` commits (a hard crash);
-* ``cold_snapshot``: a fresh local directory: snapshot download + changelog replay;
+* ``cold_snapshot``: a fresh local directory: snapshot download + changelog replay, from a
+  root on the local filesystem whose files are in the page cache (they were just written);
+* ``cold_snapshot_uncached``: the same, after every file of the root was evicted from the
+  page cache (``posix_fadvise(DONTNEED)``, no root privileges needed): the root is read from
+  the disk;
+* ``cold_snapshot_s3``: the same root copied into an S3 bucket served by moto on loopback
+  (started by the benchmark; objects in moto's memory, so this measures the S3 protocol path:
+  HTTP requests, ranged GETs, moto's own cost; not a remote network);
 * ``cold_changelogs``: a fresh local directory on a root with no snapshot: replay of every
   changelog (what restore costs without snapshots).
 
-    .venv/bin/python benchmarks/restore.py [--keys 1000000] [--versions 20] [--tail 5]
+    .venv/bin/python benchmarks/restore.py [--keys 1000000] [--versions 20] [--tail 5] [--no-s3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import sys
@@ -26,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import statekeeper as sk
+from statekeeper.storage import open_blob_store
 
 VALUE_SIZE = 100
 
@@ -47,10 +56,12 @@ def _write(root: Path, local: Path, keys: int, versions: int, tail: int, snapsho
             store.commit()
 
 
-def _open(root: Path, local: Path) -> dict[str, Any]:
+def _open(
+    root: Path | str, local: Path, storage_options: dict[str, str] | None = None
+) -> dict[str, Any]:
     config = sk.StoreConfig(local_dir=str(local))
     started = time.perf_counter()
-    backend = sk.StateBackend(str(root), config=config)
+    backend = sk.StateBackend(str(root), config=config, storage_options=storage_options)
     with backend, backend.open("bench", 0) as store:
         elapsed = time.perf_counter() - started
         info = store.restore_info
@@ -64,14 +75,25 @@ def _open(root: Path, local: Path) -> dict[str, Any]:
         }
 
 
-def run(keys: int, versions: int, tail: int, workdir: Path) -> dict[str, Any]:
-    """Build both roots, then time the four ways of opening."""
+def run(keys: int, versions: int, tail: int, workdir: Path, *, s3: bool) -> dict[str, Any]:
+    """Build both roots, then time the ways of opening."""
     results: dict[str, Any] = {}
     snap_root, plain_root = workdir / "snap-root", workdir / "plain-root"
     writer_local = workdir / "writer"
     _write(snap_root, writer_local, keys, versions, tail, snapshot=True)
     results["local_current"] = _open(snap_root, writer_local)
     results["cold_snapshot"] = _open(snap_root, workdir / "cold1")
+    evicted = _evict_page_cache(snap_root)
+    results["cold_snapshot_uncached"] = {
+        **_open(snap_root, workdir / "cold1u"),
+        "files_evicted": evicted,
+    }
+    if s3:
+        uri, options, stop = _s3_copy(snap_root)
+        try:
+            results["cold_snapshot_s3"] = _open(uri, workdir / "cold1s3", options)
+        finally:
+            stop()
     _write(plain_root, workdir / "writer2", keys, versions, tail, snapshot=False)
     results["cold_changelogs"] = _open(plain_root, workdir / "cold2")
     results["local_behind"] = _open_behind(snap_root, workdir, tail)
@@ -87,15 +109,69 @@ def _open_behind(root: Path, workdir: Path, tail: int) -> dict[str, Any]:
     return _open(root, local)
 
 
+def _evict_page_cache(root: Path) -> int:
+    """Drop the root's files from the page cache; the count of files. They are clean (the
+    blob store fsyncs every blob), so ``POSIX_FADV_DONTNEED`` evicts them."""
+    count = 0
+    for path in root.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+            count += 1
+    return count
+
+
+def _s3_copy(root: Path) -> tuple[str, dict[str, str], Any]:
+    """Start moto's S3 server on a free loopback port and copy ``root`` into a bucket there:
+    ``(uri, storage_options, stop)``."""
+    try:
+        import boto3
+        from moto.server import ThreadedMotoServer
+    except ImportError as exc:  # pragma: no cover - make installs the test extra
+        raise SystemExit(
+            f"the S3 restore needs moto[server] and boto3 ({exc}); install the test extra "
+            "(make does) or pass --no-s3"
+        ) from exc
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    credentials = {"access_key_id": "bench", "secret_access_key": "bench", "region": "us-east-1"}
+    boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=credentials["access_key_id"],
+        aws_secret_access_key=credentials["secret_access_key"],
+        region_name=credentials["region"],
+    ).create_bucket(Bucket="bench")
+    options = {**credentials, "endpoint": endpoint, "allow_http": "true"}
+    uri = "s3://bench/root"
+    source = open_blob_store(str(root))
+    target = open_blob_store(uri, options)
+    for meta in source.list():
+        target.put(meta.key, source.get(meta.key))
+    source.close()
+    target.close()
+    return uri, options, server.stop
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--versions", type=int, default=20)
     parser.add_argument("--tail", type=int, default=5)
+    parser.add_argument(
+        "--no-s3", action="store_true", help="skip the restore from S3 (moto on loopback)"
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="sk-bench-restore-") as tmp:
-        results = run(args.keys, args.versions, args.tail, Path(tmp))
+        results = run(args.keys, args.versions, args.tail, Path(tmp), s3=not args.no_s3)
     summary = {
         "benchmark": "restore",
         "date": time.strftime("%Y-%m-%d"),
@@ -104,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
             "keys": args.keys,
             "value_bytes": VALUE_SIZE,
             "versions": args.versions + args.tail,
+        },
+        "conditions": {
+            "root": "local filesystem (cold_snapshot_s3: moto S3 on loopback)",
+            "page_cache": "warm except cold_snapshot_uncached (root evicted before the open)",
         },
         "results": results,
     }

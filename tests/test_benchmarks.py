@@ -120,9 +120,14 @@ def test_commit_and_restore_print_the_fields_the_report_reads(results: Path) -> 
         "local_current",
         "local_behind",
         "cold_snapshot",
+        "cold_snapshot_uncached",
+        "cold_snapshot_s3",
         "cold_changelogs",
     }
-    assert restore["results"]["cold_snapshot"]["base_kind"] == "snapshot"
+    for way in ("cold_snapshot", "cold_snapshot_uncached", "cold_snapshot_s3"):
+        assert restore["results"][way]["base_kind"] == "snapshot"
+        assert restore["results"][way]["bytes_downloaded"] > 0
+    assert restore["results"]["cold_snapshot_uncached"]["files_evicted"] > 0
     assert restore["results"]["cold_changelogs"]["changelogs_replayed"] == 6
 
 
