@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from statekeeper.keyed._handles import StatefulProcessorHandle
 from statekeeper.keyed._timers import ExpiredTimerInfo, TimerValues
 
-__all__ = ["ROW_FORMS", "StatefulProcessor", "input_form"]
+__all__ = ["ROW_FORMS", "StatefulProcessor", "handles_initial_state", "input_form"]
 
 ROW_FORMS = ("pandas", "row")
 
@@ -43,6 +43,9 @@ class StatefulProcessor(abc.ABC):
     **Timers** (an operator with ``time_mode``): ``handle.register_timer(ms)``,
     ``delete_timer(ms)`` and ``list_timers()`` act on the current key's timers;
     :meth:`handle_expired_timer` is called for each timer that fires.
+
+    **Initial state** (``initial_state=`` of the operator): :meth:`handle_initial_state` is
+    called once per key of the initial rows, in the operator's first micro-batch only.
     """
 
     rows: ClassVar[str] = "pandas"
@@ -80,6 +83,31 @@ class StatefulProcessor(abc.ABC):
         """
         return iter(())
 
+    def handle_initial_state(  # noqa: B027 - optional hook, empty on purpose
+        self, key: tuple[Any, ...], rows: Any, timer_values: TimerValues
+    ) -> None:
+        """Seed the state of ``key`` from its rows of the operator's ``initial_state``.
+
+        After Spark's ``handleInitialState``: called only in the operator's first
+        micro-batch (batch 0, which loads the empty version 0; a restart of the query at a
+        later batch does not call it again, and a re-run of batch 0 starts again from the
+        empty state, so the committed state holds its effect once). It is called for every
+        key of the initial rows, in key order, before any ``handle_input_rows`` of that
+        batch, whether or not the key has input. It emits no rows (return ``None``); state
+        and timers of ``key`` may be used as in ``handle_input_rows``.
+
+        One difference from Spark: Spark's Row form calls ``handleInitialState`` once per
+        initial row; here it is called once per key with all of the key's initial rows, in
+        the same two forms as :meth:`handle_input_rows` (loop over ``rows`` to do what Spark
+        does per row). The default does nothing.
+
+        Args:
+            key: the key column values, in the order of ``keys``.
+            rows: the key's initial rows in their order: a pandas DataFrame, or
+                (``rows = "row"``) a list of rows with named access.
+            timer_values: the first micro-batch's processing time and watermark.
+        """
+
     def close(self) -> None:  # noqa: B027 - optional hook, empty on purpose
         """Called after the last key of a partition that succeeded."""
 
@@ -94,3 +122,8 @@ def input_form(processor: StatefulProcessor) -> str:
     if form not in ROW_FORMS:
         raise ValueError(f"{type(processor).__name__}.rows must be 'pandas' or 'row', got {form!r}")
     return str(form)
+
+
+def handles_initial_state(processor: StatefulProcessor) -> bool:
+    """Whether ``processor``'s class overrides :meth:`StatefulProcessor.handle_initial_state`."""
+    return type(processor).handle_initial_state is not StatefulProcessor.handle_initial_state

@@ -1,11 +1,13 @@
 """Running one partition of one micro-batch of a keyed processor: grouping, late rows, the
-processor, the timers.
+initial state, the processor, the timers.
 
 The per-key path sorts the partition's input by key once, then hands each key its rows as a
 slice: a pandas DataFrame cut by one groupby over the sorted table (the pandas form) or a
 list of lightweight rows sliced from one list built column-wise (the Row form). The keys are
 encoded once and announced to the handle, which prefetches the states the processor reads.
-Then every timer due by the batch's clock fires, in order of expiry and key, whether or not
+In the operator's first micro-batch (the store at version 0) the initial rows, grouped the
+same way, go to ``handle_initial_state`` first, key by key. Then every timer due by the
+batch's clock fires, in order of expiry and key, whether or not
 its key (or the partition) had input; a timer is deleted as it fires.
 
 Nothing here knows Spark (it needs pyarrow and pandas): the Spark tasks feed it Arrow tables
@@ -44,6 +46,7 @@ __all__ = [
     "BatchTime",
     "RunStats",
     "TimeSpec",
+    "check_initial_columns",
     "event_times_ms",
     "iter_groups",
     "run_processor",
@@ -65,6 +68,8 @@ class RunStats:
     """Input rows dropped because their event time was at or before the previous
     micro-batch's watermark (as Spark drops them)."""
     timers_fired: int = 0
+    initial_rows: int = 0
+    """Rows of the initial state handed to ``handle_initial_state`` (first batch only)."""
 
 
 def iter_groups(table: Any, keys: Sequence[str]) -> Iterator[tuple[tuple[Any, ...], Any]]:
@@ -232,18 +237,35 @@ def _late(table: Any, time: TimeSpec, watermark_ms: int, stats: RunStats) -> tup
 
 def _clocks(
     store: StateStore, time: TimeSpec, now_ms: int | None, batch: BatchTime, grouped: bool
-) -> tuple[TimerValues, int]:
-    """The batch's clocks, and the watermark its input rows are late against (the previous
-    batch's, see :mod:`statekeeper.keyed._timers`)."""
+) -> tuple[TimerValues, int, int | None]:
+    """The batch's clocks, the watermark its input rows are late against (the previous
+    batch's, see :mod:`statekeeper.keyed._timers`), and the largest event time of earlier
+    batches."""
     watermark = late = -1
+    seen = None
     if time.time_mode == "event_time":
         clock = read_event_clock(store, grouped=grouped)
+        seen = clock.max_event_ms
         late = clock.late_watermark(time.watermark_delay_ms)
         if batch.watermark_ms is not None:
             watermark = batch.watermark_ms
         else:
             watermark = watermark_of(clock.max_event_ms, time.watermark_delay_ms)
-    return TimerValues(-1 if now_ms is None else now_ms, watermark), late
+    return TimerValues(-1 if now_ms is None else now_ms, watermark), late, seen
+
+
+def check_initial_columns(columns: Sequence[str], keys: Sequence[str]) -> None:
+    """Refuse initial rows that lack a key column.
+
+    Raises:
+        ValueError: a key column is missing; names the keys expected and the columns found.
+    """
+    missing = [k for k in keys if k not in columns]
+    if missing:
+        raise ValueError(
+            f"the initial state must hold the key columns {list(keys)}; it lacks {missing} "
+            f"(its columns are {list(columns)})"
+        )
 
 
 def _fire_timers(
@@ -289,8 +311,14 @@ def run_processor(
     key_groups: int | None = None,
     time: TimeSpec = _NO_TIME,
     batch: BatchTime | None = None,
+    initial: Any = None,
 ) -> Iterator[Any]:
     """Run ``processor`` over one partition's input; yields checked output batches.
+
+    ``initial`` (an Arrow table with the key columns, and :data:`KEY_GROUP_COLUMN` with key
+    groups) holds the partition's rows of the operator's initial state: if ``store`` is at
+    version 0 (the operator's first micro-batch) they go to ``handle_initial_state``, one
+    call per key in key order, before any input; at a later version they are ignored.
 
     Writes go to ``store`` uncommitted; the caller commits after the last batch. With
     ``key_groups`` (the operator's, as the root records them), ``table`` must hold each
@@ -304,7 +332,9 @@ def run_processor(
     Raises:
         OutputSchemaError: an output batch does not match ``output_schema``.
         ConfigMismatchError: the keys or a state's kind differ from what the store holds.
-        TypeError: the event-time column is not a timestamp.
+        TypeError: the event-time column is not a timestamp, or ``handle_initial_state``
+            returned something (it emits no rows).
+        ValueError: the initial rows lack a key column.
         Exception: whatever the processor raises.
     """
     stats = stats if stats is not None else RunStats()
@@ -312,14 +342,17 @@ def run_processor(
     stats.rows_in += table.num_rows
     form = input_form(processor)
     grouped_layout = key_groups is not None
-    values, late_watermark = _clocks(store, time, now_ms, batch, grouped_layout)
+    values, late_watermark, seen = _clocks(store, time, now_ms, batch, grouped_layout)
     table, top = _late(table, time, late_watermark, stats)
+    known = [t for t in (seen, top, batch.batch_max_event_ms) if t is not None]
     handle = StatefulProcessorHandle(
         store, now_ms=now_ms, batch_id=batch_id, partition=partition, key_groups=key_groups,
-        time_mode=time.time_mode, timer_values=values,
+        time_mode=time.time_mode, timer_values=values, event_time_ms=max(known, default=None),
     )  # fmt: skip
     processor.init(handle)
     handle.record_operator(keys, key_schema=key_schema, operator=operator)
+    if initial is not None and store.version == 0:
+        _apply_initial(handle, processor, initial, keys, form, stats)
     where = f"operator {operator!r} partition {partition} micro-batch {batch_id}"
     writer = OutputWriter(output_schema, where, frames=form == "pandas")
     yield from _run_keys(handle, processor, writer, table, keys, form, stats)
@@ -334,6 +367,39 @@ def run_processor(
         write_event_clock(
             store, max(tops) if tops else None, values.watermark_ms, grouped=grouped_layout
         )
+
+
+def _apply_initial(
+    handle: StatefulProcessorHandle,
+    processor: StatefulProcessor,
+    table: Any,
+    keys: Sequence[str],
+    form: str,
+    stats: RunStats,
+) -> None:
+    """``handle_initial_state`` for every key of the initial rows, in key order."""
+    check_initial_columns(table.column_names, keys)
+    grouped = _Grouped.of(table, keys, grouped=handle.key_groups is not None)
+    if grouped is None:
+        return
+    handle.visit_keys(grouped.encoded, grouped.groups)
+    inputs = grouped.rows() if form == "row" else grouped.frames()
+    values = handle.timer_values
+    for position, (key, rows) in enumerate(zip(grouped.keys, inputs, strict=True)):
+        handle.select(position, key)
+        # A processor's override may wrongly yield: catch that instead of dropping it.
+        result: object = processor.handle_initial_state(key, rows, values)  # type: ignore[func-returns-value]
+        if result is not None:
+            close = getattr(result, "close", None)
+            if callable(close):
+                close()
+            raise TypeError(
+                f"{type(processor).__name__}.handle_initial_state must return None: it emits "
+                f"no rows (as Spark's handleInitialState), but it returned a "
+                f"{type(result).__name__}; remove its yield or return"
+            )
+    handle.set_key(None)
+    stats.initial_rows += table.num_rows
 
 
 def _run_keys(

@@ -10,10 +10,11 @@ After Spark 4's ``TwsTester``::
 
 Each :meth:`ProcessorTester.run` is one micro-batch of one partition: the rows become an
 Arrow table and go through :func:`statekeeper.keyed.runner.run_processor`, the very
-function a Spark task runs (grouping, late rows, ``handle_input_rows``, timers, TTL, the
-operator record), on a real :class:`~statekeeper.StateStore` in a temporary root, committed
-after the batch like a task commits. The processor is deep-copied for every batch, as Spark
-sends every task a fresh copy. Needs pyarrow and pandas (not pyspark).
+function a Spark task runs (grouping, late rows, the initial state in the first batch,
+``handle_input_rows``, timers, TTL, the operator record), on a real
+:class:`~statekeeper.StateStore` in a temporary root, committed after the batch like a task
+commits. The processor is deep-copied for every batch, as Spark sends every task a fresh
+copy. Needs pyarrow and pandas (not pyspark).
 """
 
 from __future__ import annotations
@@ -31,10 +32,17 @@ import pyarrow as pa  # type: ignore[import-untyped]
 
 from statekeeper.config import StoreConfig
 from statekeeper.keyed._entries import StateEntry, iter_state
-from statekeeper.keyed._processor import StatefulProcessor
+from statekeeper.keyed._processor import StatefulProcessor, handles_initial_state
 from statekeeper.keyed._timers import iter_timers, validate_delay
 from statekeeper.keyed.arrow_keys import encode_keys
-from statekeeper.keyed.runner import KEY_GROUP_COLUMN, BatchTime, RunStats, TimeSpec, run_processor
+from statekeeper.keyed.runner import (
+    KEY_GROUP_COLUMN,
+    BatchTime,
+    RunStats,
+    TimeSpec,
+    check_initial_columns,
+    run_processor,
+)
 from statekeeper.store import StateBackend, StateStore
 
 __all__ = ["ProcessorTester"]
@@ -65,6 +73,7 @@ class ProcessorTester:
         event_time_column: str | None = None,
         watermark_delay: float = 0,
         directory: str | Path | None = None,
+        initial_state: Sequence[Mapping[str, Any]] | Any = None,
     ) -> None:
         """Set up an empty operator state.
 
@@ -76,10 +85,15 @@ class ProcessorTester:
             event_time_column: with event time, the timestamp column of event times.
             watermark_delay: seconds (or a timedelta) the watermark trails event time.
             directory: where the root and working copy live; a temporary one by default.
+            initial_state: the operator's initial state, dicts or a ``pyarrow.Table`` with
+                the key columns: the first :meth:`run` (batch 0) hands each key's rows to
+                ``handle_initial_state`` before its input, later runs ignore it.
 
         Raises:
             TypeError: not a processor, or a schema that is not a ``pyarrow.Schema``.
-            ValueError: an invalid combination of time arguments, or a negative delay.
+            ValueError: an invalid combination of time arguments, a negative delay, an
+                initial state without the key columns, or one given to a processor that
+                does not define ``handle_initial_state``.
         """
         if not isinstance(processor, StatefulProcessor):
             raise TypeError(f"processor must be a StatefulProcessor, got {type(processor)}")
@@ -90,6 +104,7 @@ class ProcessorTester:
         self._schema = output_schema
         delay = validate_delay(watermark_delay)
         self._time = TimeSpec(time_mode, event_time_column, delay)
+        self._initial = self._initial_table(initial_state)
         self._owned = directory is None
         self._dir = Path(tempfile.mkdtemp(prefix="sk-tester-") if directory is None else directory)
         config = StoreConfig(local_dir=str(self._dir / "local"))
@@ -139,7 +154,7 @@ class ProcessorTester:
                 output_schema=self._schema, operator=_OPERATOR, batch_id=store.version,
                 partition=0, now_ms=self.processing_time_ms, stats=self.stats,
                 key_groups=_KEY_GROUPS, time=self._time,
-                batch=BatchTime(watermark_ms=self.watermark_ms),
+                batch=BatchTime(watermark_ms=self.watermark_ms), initial=self._initial,
             )  # fmt: skip
             try:
                 out = [row for batch in batches for row in batch.to_pylist()]
@@ -161,6 +176,19 @@ class ProcessorTester:
 
     def _open(self) -> StateStore:
         return self._backend.open(_OPERATOR, 0)
+
+    def _initial_table(self, rows: Sequence[Mapping[str, Any]] | Any) -> Any:
+        """The initial state as the runner takes it (key groups added), checked."""
+        if rows is None:
+            return None
+        if not handles_initial_state(self._processor):
+            raise ValueError(
+                f"an initial state was given, but {type(self._processor).__name__} does not "
+                "define handle_initial_state: nothing would apply it"
+            )
+        table = rows if isinstance(rows, pa.Table) else _table(rows, None)
+        check_initial_columns(table.column_names, self._keys)
+        return _with_key_groups(table, self._keys)
 
 
 def _table(rows: Sequence[Mapping[str, Any]], schema: Any) -> Any:
