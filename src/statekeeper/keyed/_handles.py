@@ -1,11 +1,22 @@
 """State handles: value, map and list state of the current grouping key, with optional TTL.
 
 A handle reads and writes the partition's :class:`~statekeeper.StateStore` directly; writes
-become durable when the task commits the micro-batch. TTL is processing time measured by the
-micro-batch timestamp (the same on every re-run of a batch, so re-runs write identical
-state): an entry expires ``ttl`` after its last write, is invisible from then on, and is
-deleted at the end of the first micro-batch that sees it expired (a sorted TTL index makes
-that cost proportional to what expires).
+become durable when the task commits the micro-batch.
+
+**TTL** runs on one of two clocks, chosen per state (``ttl_on=``); both are the same on
+every re-run of a batch, so re-runs write identical state:
+
+* ``"processing_time"`` (the default, Spark's only kind): an entry expires ``ttl`` after its
+  last write, measured with micro-batch timestamps.
+* ``"event_time"`` (an operator with ``time_mode="event_time"`` only; Spark has no such
+  TTL): a write stamps the entry with the largest event time seen so far (earlier batches
+  and the whole current one), and the entry expires once the batch's **watermark** reaches
+  that stamp plus ``ttl``; with a watermark delay ``d`` that is once events ``ttl + d``
+  later have arrived. Time does not pass without input, so entries never expire on an idle
+  stream; when the watermark moves they expire in every partition, input or not.
+
+An expired entry is invisible from then on and is deleted at the end of the first micro-batch
+that sees it expired (a sorted TTL index makes that cost proportional to what expires).
 
 **Reads cost what they must.** When the runner tells the handle the batch's keys in the
 order it will visit them (:meth:`StatefulProcessorHandle.visit_keys`), the first read of a
@@ -33,7 +44,15 @@ from statekeeper.keyed._layout import (
     validate_key_groups,
     validate_state_name,
 )
-from statekeeper.keyed._states import ListState, MapState, Ttl, ValueState, _State, ttl_ms
+from statekeeper.keyed._states import (
+    TTL_CLOCKS,
+    ListState,
+    MapState,
+    Ttl,
+    ValueState,
+    _State,
+    ttl_ms,
+)
 from statekeeper.keyed._timers import Timers, TimerValues, validate_time_mode, validate_timer
 from statekeeper.keyed._tuples import encode_key
 from statekeeper.keyed._values import Codec, DefaultCodec
@@ -62,11 +81,15 @@ class StatefulProcessorHandle:
         key_groups: int | None = None,
         time_mode: str | None = None,
         timer_values: TimerValues | None = None,
+        event_time_ms: int | None = None,
     ) -> None:
-        """Wrap ``store`` for one partition and micro-batch; ``now_ms`` is the TTL clock.
+        """Wrap ``store`` for one partition and micro-batch; ``now_ms`` is the processing-time
+        TTL clock.
 
         ``time_mode`` (``None``, ``"processing_time"`` or ``"event_time"``) says whether
-        timers may be registered; ``timer_values`` are the batch's clocks.
+        timers may be registered; ``timer_values`` are the batch's clocks. With event time,
+        ``event_time_ms`` is the largest event time seen up to and including this batch:
+        event-time TTL stamps writes with it (the watermark if ``None``).
 
         ``key_groups`` is the operator's number of key groups as the root records it: every
         data key then starts with the current key's key group (see ``_layout``); ``None``
@@ -80,6 +103,7 @@ class StatefulProcessorHandle:
         self._timer_values = timer_values or TimerValues(-1 if now_ms is None else now_ms)
         self._timers = Timers(store, grouped=key_groups is not None)
         self._now_ms = now_ms
+        self._event_time_ms = event_time_ms
         self._batch_id = batch_id
         self._partition = partition
         self._key_groups = None if key_groups is None else validate_key_groups(key_groups)
@@ -181,40 +205,66 @@ class StatefulProcessorHandle:
         """The key whose rows are being handled, or ``None`` outside ``handle_input_rows``."""
         return self._key
 
-    def value_state(self, name: str, *, ttl: Ttl = None, codec: Codec | None = None) -> ValueState:
+    def value_state(
+        self,
+        name: str,
+        *,
+        ttl: Ttl = None,
+        codec: Codec | None = None,
+        ttl_on: str = "processing_time",
+    ) -> ValueState:
         """Declare a single value per grouping key.
 
         Args:
             name: the state's name, unique within the processor.
             ttl: seconds (or a timedelta) after its last update when a value expires.
             codec: how values become bytes; the safe :class:`DefaultCodec` if ``None``.
+            ttl_on: the clock ``ttl`` runs on: ``"processing_time"`` (micro-batch
+                timestamps) or ``"event_time"`` (the watermark; see the module docstring).
 
         Raises:
-            TypeError, ValueError: a malformed name, ttl or codec.
+            TypeError, ValueError: a malformed name, ttl, ttl_on or codec, ``ttl_on`` without
+                ``ttl``, or ``ttl_on="event_time"`` in an operator whose time mode is not
+                ``"event_time"``.
             StateKeeperError: ``name`` was declared as another kind of state.
         """
-        return self._declare(ValueState, name, ttl, codec)
+        return self._declare(ValueState, name, ttl, codec, ttl_on)
 
-    def map_state(self, name: str, *, ttl: Ttl = None, codec: Codec | None = None) -> MapState:
-        """Declare a map per grouping key (map keys: anything a grouping key may hold).
+    def map_state(
+        self,
+        name: str,
+        *,
+        ttl: Ttl = None,
+        codec: Codec | None = None,
+        ttl_on: str = "processing_time",
+    ) -> MapState:
+        """Declare a map per grouping key (map keys: anything a grouping key may hold);
+        arguments as :meth:`value_state`, TTL per entry.
 
         Raises:
-            TypeError, ValueError: a malformed name, ttl or codec.
-            StateKeeperError: ``name`` was declared as another kind of state.
+            TypeError, ValueError, StateKeeperError: as :meth:`value_state`.
         """
-        return self._declare(MapState, name, ttl, codec)
+        return self._declare(MapState, name, ttl, codec, ttl_on)
 
-    def list_state(self, name: str, *, ttl: Ttl = None, codec: Codec | None = None) -> ListState:
-        """Declare an append-friendly list per grouping key (TTL applies per element).
+    def list_state(
+        self,
+        name: str,
+        *,
+        ttl: Ttl = None,
+        codec: Codec | None = None,
+        ttl_on: str = "processing_time",
+    ) -> ListState:
+        """Declare an append-friendly list per grouping key; arguments as
+        :meth:`value_state`, TTL per element.
 
         Raises:
-            TypeError, ValueError: a malformed name, ttl or codec.
-            StateKeeperError: ``name`` was declared as another kind of state.
+            TypeError, ValueError, StateKeeperError: as :meth:`value_state`.
         """
-        return self._declare(ListState, name, ttl, codec)
+        return self._declare(ListState, name, ttl, codec, ttl_on)
 
-    def _declare(self, cls: type[_S], name: str, ttl: Ttl, codec: Codec | None) -> _S:
+    def _declare(self, cls: type[_S], name: str, ttl: Ttl, codec: Codec | None, ttl_on: str) -> _S:
         validate_state_name(name)
+        self._check_ttl_on(name, ttl, ttl_on)
         codec = DefaultCodec() if codec is None else codec
         if not (hasattr(codec, "encode") and hasattr(codec, "decode") and hasattr(codec, "name")):
             raise TypeError(f"codec must have name, encode and decode; got {codec!r}")
@@ -223,16 +273,37 @@ class StatefulProcessorHandle:
             raise StateKeeperError(
                 f"state {name!r} is already declared as a {old.kind} state in this processor"
             )
-        state = cls(self, name, ttl_ms(ttl), codec)
+        state = cls(self, name, ttl_ms(ttl), codec, ttl_on)
         self._states[name] = state
         return state
+
+    def _check_ttl_on(self, name: str, ttl: Ttl, ttl_on: object) -> None:
+        if ttl_on not in TTL_CLOCKS:
+            raise ValueError(
+                f"state {name!r}: ttl_on must be 'processing_time' or 'event_time', got {ttl_on!r}"
+            )
+        if ttl_on == "processing_time":
+            return
+        if ttl is None:
+            raise ValueError(
+                f"state {name!r}: ttl_on='event_time' says which clock a ttl runs on, but no "
+                "ttl was given"
+            )
+        if self._time_mode != "event_time":
+            raise ValueError(
+                f"state {name!r}: ttl_on='event_time' expires entries by the watermark, which "
+                "only an operator with time_mode='event_time' has; this operator has "
+                f"time_mode={self._time_mode!r}. Pass time_mode='event_time' (with "
+                "event_time_column) or use ttl_on='processing_time'"
+            )
 
     # -- called by statekeeper around the processor (processors need not call these) -----
 
     def declared(self) -> dict[str, StateDecl]:
         """The states declared so far, for the operator record."""
         return {
-            name: StateDecl(s.kind, s.ttl_ms, str(s.codec.name)) for name, s in self._states.items()
+            name: StateDecl(s.kind, s.ttl_ms, str(s.codec.name), s.ttl_on)
+            for name, s in self._states.items()
         }
 
     def record_operator(
@@ -363,9 +434,36 @@ class StatefulProcessorHandle:
 
     def expire(self) -> int:
         """Delete every entry whose TTL has passed; returns how many entries were deleted."""
-        if self._now_ms is None:
-            return 0
-        return sum(state.expire(self._now_ms) for state in self._states.values())
+        deleted = 0
+        for state in self._states.values():
+            if state.ttl_on == "event_time":
+                deleted += state.expire(self._timer_values.watermark_ms)
+            elif self._now_ms is not None:
+                deleted += state.expire(self._now_ms)
+        return deleted
+
+    def ttl_now_ms(self, ttl_on: str) -> int:
+        """The clock TTL expiries are compared with: the watermark for ``"event_time"``,
+        the micro-batch timestamp otherwise.
+
+        Raises:
+            StateKeeperError: processing time, and the micro-batch timestamp is unknown.
+        """
+        if ttl_on == "event_time":
+            return self._timer_values.watermark_ms
+        return self.now_ms()
+
+    def ttl_stamp_ms(self, ttl_on: str) -> int:
+        """The time a write is stamped with (its expiry is this plus the ttl): the largest
+        event time seen for ``"event_time"``, the micro-batch timestamp otherwise.
+
+        Raises:
+            StateKeeperError: processing time, and the micro-batch timestamp is unknown.
+        """
+        if ttl_on == "event_time":
+            seen = self._event_time_ms
+            return max(0, self._timer_values.watermark_ms if seen is None else seen)
+        return self.now_ms()
 
     def current_key_bytes(self) -> bytes:
         """The encoded grouping key.

@@ -137,6 +137,7 @@ _RECORD_VERSION = 2
 store of a 0.1 operator keeps the record 0.1 reads."""
 _STATE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 KINDS = ("value", "map", "list")
+_PT = "processing_time"
 
 
 def validate_state_name(name: object) -> str:
@@ -233,10 +234,16 @@ class StateDecl:
     kind: str
     ttl_ms: int | None
     codec: str
+    ttl_on: str = "processing_time"
+    """The clock its TTL runs on: ``"processing_time"`` or ``"event_time"``."""
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON form stored in the operator record."""
-        return {"kind": self.kind, "ttlMs": self.ttl_ms, "codec": self.codec}
+        """The JSON form stored in the operator record (``ttlOn`` only for event time, so
+        records of processing-time TTL stay as earlier releases wrote them)."""
+        doc: dict[str, Any] = {"kind": self.kind, "ttlMs": self.ttl_ms, "codec": self.codec}
+        if self.ttl_on != "processing_time":
+            doc["ttlOn"] = self.ttl_on
+        return doc
 
 
 @dataclass(frozen=True)
@@ -283,7 +290,9 @@ class OperatorRecord:
                     f"reads versions <= {_RECORD_VERSION}: upgrade statekeeper"
                 )
             states = {
-                str(name): StateDecl(str(s["kind"]), s["ttlMs"], str(s["codec"]))
+                str(name): StateDecl(
+                    str(s["kind"]), s["ttlMs"], str(s["codec"]), str(s.get("ttlOn", _PT))
+                )
                 for name, s in doc["states"].items()
             }
             groups = doc.get("keyGroups")

@@ -28,9 +28,11 @@ from statekeeper.keyed._values import Codec
 if TYPE_CHECKING:
     from statekeeper.keyed._handles import StatefulProcessorHandle
 
-__all__ = ["ListState", "MapState", "Ttl", "ValueState", "ttl_ms"]
+__all__ = ["TTL_CLOCKS", "ListState", "MapState", "Ttl", "ValueState", "ttl_ms"]
 
 Ttl = float | int | dt.timedelta | None
+TTL_CLOCKS = ("processing_time", "event_time")
+"""What a TTL can be measured against (``ttl_on=`` of the state handles)."""
 
 
 def ttl_ms(ttl: Ttl) -> int | None:
@@ -59,12 +61,18 @@ class _State:
     kind: ClassVar[str] = ""
 
     def __init__(
-        self, handle: StatefulProcessorHandle, name: str, ttl_ms: int | None, codec: Codec
+        self,
+        handle: StatefulProcessorHandle,
+        name: str,
+        ttl_ms: int | None,
+        codec: Codec,
+        ttl_on: str = "processing_time",
     ) -> None:
         self._handle = handle
         self._store = handle._store
         self.name = name
         self.ttl_ms = ttl_ms
+        self.ttl_on = ttl_on
         self.codec = codec
         self._prefix = state_prefix(name)
         self._ttl_prefix = ttl_prefix(name, grouped=handle.key_groups is not None)
@@ -73,7 +81,7 @@ class _State:
         self._decode = codec.decode
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name!r}, ttl_ms={self.ttl_ms})"
+        return f"{type(self).__name__}({self.name!r}, ttl_ms={self.ttl_ms}, ttl_on={self.ttl_on!r})"
 
     def _base(self) -> bytes:
         handle = self._handle
@@ -90,7 +98,7 @@ class _State:
         if raw[:1] == NO_TTL:
             return True, self._decode(raw[1:])
         expiry, payload = unwrap(raw)
-        if expiry is not None and expiry <= self._handle.now_ms():
+        if expiry is not None and expiry <= self._handle.ttl_now_ms(self.ttl_on):
             return False, None
         return True, self._decode(payload)
 
@@ -100,7 +108,7 @@ class _State:
             self._handle._put(data_key, NO_TTL + payload)
             return
         self._drop_index(data_key)
-        expiry = self._handle.now_ms() + self.ttl_ms
+        expiry = self._handle.ttl_stamp_ms(self.ttl_on) + self.ttl_ms
         self._store.put(self._ttl_prefix + U64.pack(expiry) + data_key, b"")
         self._handle._put(data_key, wrap(payload, expiry))
 
@@ -123,7 +131,8 @@ class _State:
                 yield key, value
 
     def expire(self, now_ms: int) -> int:
-        """Delete entries of this state whose expiry is at or before ``now_ms``."""
+        """Delete entries of this state whose expiry is at or before ``now_ms`` (on the
+        state's TTL clock)."""
         expired: list[tuple[bytes, int, bytes]] = []
         start = len(self._ttl_prefix)
         for index_key, _ in self._store.scan(self._ttl_prefix):

@@ -1,0 +1,125 @@
+"""TTL on event time (``ttl_on="event_time"``) through the processor test harness: a write is
+stamped with the largest event time seen, and the entry expires when the watermark reaches
+the stamp plus the ttl, also in a batch without input; processing time does not expire it."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from statekeeper.keyed import StatefulProcessor, StatefulProcessorHandle
+from statekeeper.keyed.testing import ProcessorTester
+
+OUT = pa.schema([("k", pa.string()), ("prev", pa.int64()), ("wm", pa.int64())])
+IN = pa.schema([("k", pa.string()), ("ts", pa.timestamp("ms", tz="UTC"))])
+
+
+class Remember(StatefulProcessor):
+    """Keeps each key's latest event time (seconds) for 10 s of event time."""
+
+    rows = "row"
+
+    def __init__(self, ttl_on: str = "event_time", **state_args: Any) -> None:
+        self.ttl_on = ttl_on
+        self.state_args = state_args or {"ttl": 10}
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.last = handle.value_state("last", ttl_on=self.ttl_on, **self.state_args)
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        prev = self.last.get()
+        self.last.update(max(int(r.ts.timestamp()) for r in rows))
+        yield (key[0], prev, self.handle.timer_values.watermark_ms)
+
+
+def _rows(*pairs: tuple[str, int]) -> pa.Table:
+    times = [dt.datetime.fromtimestamp(s, dt.UTC) for _, s in pairs]
+    return pa.table({"k": [k for k, _ in pairs], "ts": times}, schema=IN)
+
+
+def _tester(processor: StatefulProcessor) -> ProcessorTester:
+    return ProcessorTester(
+        processor, keys="k", output_schema=OUT, time_mode="event_time", event_time_column="ts"
+    )
+
+
+def test_entries_expire_when_the_watermark_passes_stamp_plus_ttl() -> None:
+    with _tester(Remember()) as t:
+        assert t.run(_rows(("a", 100))) == [{"k": "a", "prev": None, "wm": 0}]
+        expiry_of_a = 110_000  # stamped with event time 100 s, ttl 10 s
+        assert [e.expires_at_ms for e in t.state()] == [expiry_of_a]
+        t.run(_rows(("b", 105)))  # watermark 100 s; b expires at 115 s
+        t.run(_rows(("c", 112)))  # watermark 105 s: a still alive
+        assert t.stats.expired == 0
+        assert [e.key for e in t.state()] == [("a",), ("b",), ("c",)]
+        # No input: the watermark (112 s) passes a's expiry, processing time is irrelevant
+        t.processing_time_ms = 10**13
+        assert t.run([]) == []
+        assert t.stats.expired == 1
+        assert [e.key for e in t.state()] == [("b",), ("c",)]
+        # b (115 s) is alive at watermark 112 s; read then restamped at 113 s
+        assert t.run(_rows(("b", 113))) == [{"k": "b", "prev": 105, "wm": 112_000}]
+        assert [e.expires_at_ms for e in t.state("last")] == [123_000, 122_000]
+
+
+def test_an_expired_entry_is_invisible_in_the_batch_whose_watermark_passes_it() -> None:
+    with _tester(Remember()) as t:
+        t.run(_rows(("a", 100)))
+        t.run(_rows(("b", 110)))  # watermark 100 s: a (110 s) alive
+        # watermark 110 s == a's expiry: a reads as unset, then is written afresh
+        assert t.run(_rows(("a", 111))) == [{"k": "a", "prev": None, "wm": 110_000}]
+        assert t.stats.expired == 0  # rewritten, not deleted
+
+
+def test_the_watermark_delay_postpones_expiry() -> None:
+    processor = Remember()
+    with ProcessorTester(
+        processor, keys="k", output_schema=OUT, time_mode="event_time", event_time_column="ts",
+        watermark_delay=5,
+    ) as t:  # fmt: skip
+        t.run(_rows(("a", 100)))
+        t.run(_rows(("b", 112)))  # watermark 95 s
+        t.run([])  # watermark 107 s < 110 s
+        assert t.stats.expired == 0
+        t.run(_rows(("c", 115)))  # watermark 107 s
+        t.run([])  # watermark 110 s
+        assert t.stats.expired == 1
+        assert [e.key for e in t.state()] == [("b",), ("c",)]
+
+
+def test_the_operator_record_says_which_clock_a_ttl_runs_on() -> None:
+    from statekeeper.keyed import read_operator_record
+
+    with _tester(Remember()) as t:
+        t.run(_rows(("a", 100)))
+        with t._open() as store:
+            record = read_operator_record(store)
+    assert record is not None
+    assert record.states["last"].ttl_on == "event_time"
+    assert record.states["last"].ttl_ms == 10_000
+
+
+@pytest.mark.parametrize(
+    ("time_mode", "processor", "message"),
+    [
+        ("processing_time", Remember(), "only an operator with time_mode='event_time' has"),
+        (None, Remember(), "this operator has time_mode=None"),
+        ("event_time", Remember(ttl_on="wall"), "ttl_on must be 'processing_time' or 'event_t"),
+        ("event_time", Remember(ttl=None), "no ttl was given"),
+    ],
+)
+def test_event_time_ttl_misuse_is_refused_and_nothing_committed(
+    time_mode: str | None, processor: StatefulProcessor, message: str
+) -> None:
+    column = "ts" if time_mode == "event_time" else None
+    with ProcessorTester(
+        processor, keys="k", output_schema=OUT, time_mode=time_mode, event_time_column=column
+    ) as t:
+        with pytest.raises(ValueError, match=message):
+            t.run(_rows(("a", 100)))
+        assert t.batch_id == 0
