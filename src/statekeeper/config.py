@@ -41,7 +41,20 @@ class StoreConfig:
         local_checkpoint_interval_s: at most this many seconds between durable flushes of a
             local working copy; bounds how far a hard crash can set the local copy back
             (it is then caught up from the changelogs).
-        write_buffer_mb: RocksDB memtable size of a working copy.
+        write_buffer_mb: largest RocksDB memtable of one working copy (at most half of
+            ``rocksdb_memory_mb`` is used).
+        rocksdb_memory_mb: RocksDB memory of one process, shared by every working copy it
+            opens: one block cache of this size holds data, index and filter blocks, and
+            memtables are charged against it, up to half of it; a commit that leaves the
+            memtables above that half flushes its own store's memtable if it holds more
+            than its share. Stores opened in one process with different values share the
+            largest.
+        max_open_stores: Spark layer: most stores a Python worker keeps open between tasks;
+            when more are open, the least recently used idle ones are closed (their working
+            copies stay on disk for the next task).
+        local_copy_ttl_s: Spark layer: a Python worker deletes the working copies of the
+            roots it serves that no task has used for this long (a partition that moved to
+            another executor); never one that is open or locked by a process.
         metrics_every: most commits whose metrics (latency, bytes, records) a store
             buffers before writing them as one commit-metrics blob; a snapshot or closing
             the store writes them sooner.
@@ -58,6 +71,9 @@ class StoreConfig:
     local_dir: str | None = None
     local_checkpoint_interval_s: float = 60.0
     write_buffer_mb: int = 64
+    rocksdb_memory_mb: int = 256
+    max_open_stores: int = 256
+    local_copy_ttl_s: float = 24 * 3600.0
     metrics_every: int = 10
 
     def __post_init__(self) -> None:
@@ -73,6 +89,8 @@ class StoreConfig:
         _positive_int("chunk_size", self.chunk_size)
         _positive_int("io_threads", self.io_threads)
         _positive_int("write_buffer_mb", self.write_buffer_mb)
+        _positive_int("rocksdb_memory_mb", self.rocksdb_memory_mb)
+        _positive_int("max_open_stores", self.max_open_stores)
         if (
             isinstance(self.compression_level, bool)
             or not isinstance(self.compression_level, int)
@@ -84,6 +102,7 @@ class StoreConfig:
             )
         _non_negative("orphan_ttl_s", self.orphan_ttl_s)
         _non_negative("local_checkpoint_interval_s", self.local_checkpoint_interval_s)
+        _non_negative("local_copy_ttl_s", self.local_copy_ttl_s)
         if self.local_dir is not None and not isinstance(self.local_dir, str | os.PathLike):
             raise TypeError(
                 f"StoreConfig.local_dir must be a path or None, got {type(self.local_dir).__name__}"

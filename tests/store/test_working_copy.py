@@ -14,7 +14,9 @@ ROOT = "r" * 32
 
 
 def _copy(tmp_path: Path) -> WorkingCopy:
-    return WorkingCopy(str(tmp_path / "copy"), write_buffer_mb=1, checkpoint_interval_s=60)
+    return WorkingCopy(
+        str(tmp_path / "copy"), write_buffer_mb=1, memory_mb=64, checkpoint_interval_s=60
+    )
 
 
 def _items(copy: WorkingCopy) -> dict[bytes, bytes]:

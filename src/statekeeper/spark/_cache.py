@@ -14,13 +14,25 @@ working copy even on one host, and an executor's copies go away with it. Outside
 worker the library default applies.
 
 An open store holds its working copy's :class:`StoreLock` for as long as it stays cached.
-A janitor thread per worker hands idle stores over to other processes that ask for them,
-and closes stores idle for longer than ``_IDLE_CLOSE_S``.
+A janitor thread per worker bounds what the worker holds (issue 12):
+
+* it hands idle stores over to other processes that ask for them;
+* it closes stores idle for longer than ``_IDLE_CLOSE_S``, and, while more stores are open
+  than ``StoreConfig.max_open_stores`` (the smallest among the open stores' configs), the
+  least recently used idle ones (their working copies stay on disk for the next task);
+* every ``_SWEEP_EVERY_S`` it deletes the working copies of the roots this worker serves
+  that no task has used for ``StoreConfig.local_copy_ttl_s`` (partitions that moved to
+  another executor), never one that a process holds: the sweep takes the copy's
+  :class:`StoreLock` without waiting, and the store layer checks RocksDB's own lock.
+
+Their RocksDB memory (block cache and memtables) is shared by all stores of the process and
+bounded by ``StoreConfig.rocksdb_memory_mb`` (:mod:`statekeeper.store._working_copy`).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import logging
 import os
@@ -33,12 +45,14 @@ from statekeeper.config import StoreConfig
 from statekeeper.errors import StateKeeperError, StateNotFoundError
 from statekeeper.spark._filelock import StoreLock
 from statekeeper.store import RestoreInfo, StateBackend, StateStore
+from statekeeper.store._working_copy import remove_unused_copy
 
 __all__ = ["CACHE", "Lease", "StoreCache", "StoreSpec", "worker_config"]
 
 _log = logging.getLogger("statekeeper.spark")
 _JANITOR_POLL_S = 0.01
 _IDLE_CLOSE_S = 600.0
+_SWEEP_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,11 @@ class _Entry:
     busy: bool = False
     idle_since: float = field(default_factory=time.monotonic)
 
+    @property
+    def path(self) -> str:
+        """The working copy's folder."""
+        return self.key[0]
+
 
 class StoreCache:
     """Open backends and stores of one worker process. Thread-safe."""
@@ -89,6 +108,8 @@ class StoreCache:
         self._mutex = threading.Lock()
         self._backends: dict[tuple[object, ...], StateBackend] = {}
         self._entries: dict[tuple[str, str, int], _Entry] = {}
+        # Folder of each root's working copies this worker served -> their local_copy_ttl_s.
+        self._roots: dict[str, float] = {}
         self._wake = threading.Event()
         self._janitor: threading.Thread | None = None
 
@@ -163,7 +184,11 @@ class StoreCache:
         # The working copy's folder: one lock per folder, whichever root URI spelling.
         path = backend.local_path(spec.operator, partition)
         key = (path, spec.operator, partition)
+        # <local_dir>/<root key>/<operator>/<partition>: the sweep stays inside this root.
+        root_folder = os.path.dirname(os.path.dirname(path))
+        ttl = backend.config.local_copy_ttl_s
         with self._mutex:
+            self._roots[root_folder] = min(ttl, self._roots.get(root_folder, ttl))
             entry = self._entries.get(key)
             if entry is not None:
                 if entry.busy:
@@ -183,6 +208,7 @@ class StoreCache:
         with self._mutex:
             self._entries[key] = entry
         self._start_janitor()
+        self._wake.set()  # one more open: the budget may be exceeded
         return entry
 
     def _evict(self, entry: _Entry) -> None:
@@ -201,23 +227,103 @@ class StoreCache:
         self._janitor.start()
 
     def _janitor_loop(self) -> None:
+        last_sweep = time.monotonic()
         while True:
             self._wake.wait(_JANITOR_POLL_S)
             self._wake.clear()
-            now = time.monotonic()
-            with self._mutex:
-                doomed = [
-                    e
-                    for e in self._entries.values()
-                    if not e.busy and (e.lock.requested() or now - e.idle_since > _IDLE_CLOSE_S)
-                ]
-                for entry in doomed:
-                    del self._entries[entry.key]
-            for entry in doomed:
+            for entry in self._doomed(time.monotonic()):
                 try:
                     _shutdown(entry)
                 except (StateKeeperError, OSError):  # the janitor must survive
-                    _log.exception("could not release the store of %s", entry.key[0])
+                    _log.exception("could not release the store of %s", entry.path)
+            if time.monotonic() - last_sweep >= _SWEEP_EVERY_S:
+                last_sweep = time.monotonic()
+                try:
+                    self.sweep_local_copies()
+                except (StateKeeperError, OSError):
+                    _log.exception("could not sweep unused local working copies")
+
+    def _doomed(self, now: float) -> list[_Entry]:
+        """Take out of the cache the idle stores to close now: asked for by another
+        process, idle too long, or the least recently used beyond the open-store budget."""
+        doomed: list[_Entry] = []
+        keep: list[_Entry] = []
+        with self._mutex:
+            for entry in sorted(self._entries.values(), key=_idle_since):
+                if entry.busy:
+                    continue
+                asked = entry.lock.requested() or now - entry.idle_since > _IDLE_CLOSE_S
+                (doomed if asked else keep).append(entry)
+            budget = min((e.backend.config.max_open_stores for e in self._entries.values()),
+                         default=0)  # fmt: skip
+            excess = max(0, len(self._entries) - len(doomed) - budget)
+            doomed += keep[:excess]  # least recently used first
+            for entry in doomed:
+                del self._entries[entry.key]
+        if excess > 0:
+            _log.debug("closing %s idle stores over max_open_stores=%s", excess, budget)
+        return doomed
+
+    def sweep_local_copies(self, now: float | None = None) -> list[str]:
+        """Delete the working copies of the roots this worker served that no task has used
+        for their config's ``local_copy_ttl_s`` (as of ``now``, ``time.time()`` seconds);
+        returns the folders deleted. A copy held by any process is kept.
+        """
+        now = time.time() if now is None else now
+        with self._mutex:
+            roots = dict(self._roots)
+            held = {e.path for e in self._entries.values()}
+        removed: list[str] = []
+        for folder, ttl in sorted(roots.items()):
+            for path in _copies_under(folder):
+                if path not in held and _unused_for(path, now) >= ttl and _remove(path, ttl, now):
+                    removed.append(path)
+        if removed:
+            _log.info(
+                "deleted %s local working copies unused for their local_copy_ttl_s: %s",
+                len(removed), ", ".join(removed),
+            )  # fmt: skip
+        return removed
+
+
+def _idle_since(entry: _Entry) -> float:
+    return entry.idle_since
+
+
+def _copies_under(root_folder: str) -> list[str]:
+    """Working copy folders of one root: ``<operator>/<partition>`` below its folder."""
+    copies: list[str] = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for operator in sorted(os.scandir(root_folder), key=lambda d: d.name):
+            if not operator.is_dir(follow_symlinks=False):
+                continue
+            with os.scandir(operator.path) as children:
+                copies.extend(
+                    c.path for c in children if c.name.isdigit() and c.is_dir(follow_symlinks=False)
+                )
+    return sorted(copies)
+
+
+def _unused_for(path: str, now: float) -> float:
+    """Seconds since the copy at ``path`` was last used: its lock file's time (set when a
+    task lets go of it), or the copy's own folder and lineage record if newer."""
+    times = [StoreLock(path).last_used()]
+    for name in (path, f"{path}.lineage.json"):
+        with contextlib.suppress(OSError):
+            times.append(os.stat(name).st_mtime)
+    return now - max((t for t in times if t is not None), default=now)
+
+
+def _remove(path: str, ttl: float, now: float) -> bool:
+    """Delete the copy at ``path`` if no process holds it and it is still unused (asked
+    again under the lock: a task may have used it meanwhile)."""
+    lock = StoreLock(path)
+    if not lock.try_acquire():
+        return False
+    try:
+        return _unused_for(path, now) >= ttl and remove_unused_copy(path)
+    finally:
+        lock.release()
 
 
 def worker_config(config: StoreConfig) -> StoreConfig:

@@ -11,7 +11,10 @@ until the task ends, up to a timeout, and then fails with an error naming the di
 and the holder's pid.
 
 The lock is ``fcntl.flock`` on ``<working copy>.lock``; lock files are never deleted (a
-deleted lock file lets two processes lock two different inodes).
+deleted lock file lets two processes lock two different inodes). Releasing the lock after
+using the copy sets the lock file's modification time: when the copy was last used, which
+the janitor's local-copy sweep reads (:meth:`StoreLock.try_acquire` takes the lock without
+marking a use).
 
 Why not the ``filelock`` package (reviewed for issue 13): its ``UnixFileLock`` is the same
 ``flock`` call with polling, so it would replace about twenty lines; what this module adds is
@@ -47,6 +50,7 @@ class StoreLock:
         self.path = f"{copy_path}.lock"
         self.request_path = f"{copy_path}.lock.request"
         self._fd: int | None = None
+        self._used = False
 
     def __repr__(self) -> str:
         return f"StoreLock({self.path!r}, held={self.held})"
@@ -83,19 +87,52 @@ class StoreLock:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.request_path)  # served; other waiters renew their own request
-        self._fd = fd
+        self._fd, self._used = fd, True
         return time.monotonic() - started
+
+    def try_acquire(self) -> bool:
+        """Take the lock if no process holds it, without waiting or asking, and without
+        marking the copy as used; True if taken.
+
+        Raises:
+            StateKeeperError: already held by this object, or the lock file cannot be opened.
+        """
+        if self._fd is not None:
+            raise StateKeeperError(f"{self!r} is already held")
+        fd = self._open()
+        try:
+            taken = _try_lock(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if not taken:
+            os.close(fd)
+            return False
+        self._fd, self._used = fd, False
+        return True
 
     def requested(self) -> bool:
         """True if another process asked for the lock since it was last taken."""
         return os.path.exists(self.request_path)
 
     def release(self) -> None:
-        """Release the lock. Idempotent."""
+        """Release the lock (marking the copy used now, if taken by :meth:`acquire`).
+        Idempotent."""
         fd, self._fd = self._fd, None
         if fd is not None:
+            if self._used:
+                with contextlib.suppress(OSError):  # only the sweep's clock; never fatal
+                    os.utime(fd)
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
+
+    def last_used(self) -> float | None:
+        """When (``time.time()`` seconds) the copy was last used, as far as the lock file
+        tells; ``None`` if there is no lock file."""
+        try:
+            return os.stat(self.path).st_mtime
+        except OSError:
+            return None
 
     def _open(self) -> int:
         try:

@@ -402,6 +402,7 @@ class StateBackend:
         copy = WorkingCopy(
             path,
             write_buffer_mb=self._config.write_buffer_mb,
+            memory_mb=self._config.rocksdb_memory_mb,
             checkpoint_interval_s=self._config.local_checkpoint_interval_s,
         )
         if step_back is not None:

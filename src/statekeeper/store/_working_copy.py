@@ -52,7 +52,7 @@ from statekeeper.store._local_disk import (
     set_aside,
 )
 
-__all__ = ["DamagedCopyError", "WorkingCopy"]
+__all__ = ["SHARED_MEMORY", "DamagedCopyError", "WorkingCopy", "remove_unused_copy"]
 
 _log = logging.getLogger(__name__)
 
@@ -66,17 +66,91 @@ _open_paths: set[str] = set()
 _open_paths_lock = threading.Lock()
 
 
-def _options(write_buffer_mb: int) -> rocksdict.Options:
+class _SharedMemory:
+    """The RocksDB memory of this process, shared by all its working copies (issue 12).
+
+    One LRU block cache holds the data, index and filter blocks of every open copy, and one
+    write-buffer manager charges their memtables against that cache, so RocksDB's memory
+    grows with the budget, not with the number of open stores (each store's own 32 MB
+    default cache and 64 MB memtable would be 19 GB for 200 stores). The manager never
+    stalls writes: a stall waits for *another* store to flush, and an idle store never
+    writes again. RocksDB flushes a store over the bound only at its next write, so an
+    idle one would keep its memtable; :meth:`WorkingCopy.apply` also flushes the writing
+    store at once when it holds more than its share (see :meth:`over_share`).
+
+    Stores opened with different budgets share the largest: the cache and the manager are
+    resized (both through rocksdict's public setters), never shrunk under a store that
+    asked for more.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.memory_mb = 0
+        self.cache: rocksdict.Cache | None = None
+        self.buffers: rocksdict.WriteBufferManager | None = None
+
+    def reserve(self, memory_mb: int) -> tuple[rocksdict.Cache, rocksdict.WriteBufferManager]:
+        """The shared cache and write-buffer manager, grown to ``memory_mb`` if smaller."""
+        with self._lock:
+            if self.cache is None or self.buffers is None:
+                self.cache = rocksdict.Cache(memory_mb << 20)
+                self.buffers = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
+                    self.memtable_bytes(memory_mb), False, self.cache
+                )
+            elif memory_mb > self.memory_mb:
+                _log.info(
+                    "RocksDB memory of this process grown from %s MB to %s MB: a store was "
+                    "opened with a larger StoreConfig.rocksdb_memory_mb (the largest wins)",
+                    self.memory_mb, memory_mb,
+                )  # fmt: skip
+                self.cache.set_capacity(memory_mb << 20)
+                self.buffers.set_buffer_size(self.memtable_bytes(memory_mb))
+            self.memory_mb = max(self.memory_mb, memory_mb)
+            return self.cache, self.buffers
+
+    @staticmethod
+    def memtable_bytes(memory_mb: int) -> int:
+        """The memtables' part of a budget: half, as RocksDB's own guidance has it."""
+        return (memory_mb << 20) // 2
+
+    def over_share(self, memtable_bytes: int, open_copies: int) -> bool:
+        """True if the memtables are over their bound and one holding ``memtable_bytes``
+        holds more than its share of it (so flushing that one is worth a small SST file)."""
+        buffers = self.buffers
+        if buffers is None:
+            return False
+        bound = buffers.get_buffer_size()
+        return buffers.get_usage() > bound and memtable_bytes * max(1, open_copies) >= bound
+
+    def usage(self) -> tuple[int, int]:
+        """Bytes held by the shared cache (memtable charges included) and by memtables."""
+        if self.cache is None or self.buffers is None:
+            return 0, 0
+        return self.cache.get_usage(), self.buffers.get_usage()
+
+
+SHARED_MEMORY = _SharedMemory()
+"""RocksDB memory shared by the working copies of this process."""
+
+
+def _options(*, write_buffer_mb: int, memory_mb: int) -> rocksdict.Options:
+    cache, buffers = SHARED_MEMORY.reserve(memory_mb)
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
-    opts.set_write_buffer_size(write_buffer_mb * 1024 * 1024)
+    opts.set_write_buffer_size(min(write_buffer_mb << 20, _SharedMemory.memtable_bytes(memory_mb)))
+    opts.set_write_buffer_manager(buffers)
     opts.set_max_background_jobs(2)
     opts.set_level_compaction_dynamic_level_bytes(True)
     opts.set_compression_type(rocksdict.DBCompressionType.lz4())
     opts.set_bottommost_compression_type(rocksdict.DBCompressionType.zstd())
     table = rocksdict.BlockBasedOptions()
     table.set_bloom_filter(10, False)
+    table.set_block_cache(cache)
+    # Index and filter blocks in the shared cache too, or every open SST file holds its
+    # own outside any bound; level-0 ones pinned, as they are read on every lookup.
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
     opts.set_block_based_table_factory(table)
     return opts
 
@@ -87,9 +161,14 @@ class WorkingCopy:
     Not thread-safe; one instance per directory per process.
     """
 
-    def __init__(self, path: str, *, write_buffer_mb: int, checkpoint_interval_s: float) -> None:
+    def __init__(
+        self, path: str, *, write_buffer_mb: int, memory_mb: int, checkpoint_interval_s: float
+    ) -> None:
         """Open (creating if needed) the working copy at ``path``; one that RocksDB cannot
         open, or whose label cannot be read, is set aside and a new one created.
+
+        Its RocksDB memory comes from the process's shared budget (:class:`_SharedMemory`),
+        grown to ``memory_mb`` if smaller; its memtable is at most ``write_buffer_mb``.
 
         Raises:
             StateKeeperError: the directory is already open in this process or in use by
@@ -105,7 +184,7 @@ class WorkingCopy:
                 )
             _open_paths.add(self.path)
         try:
-            self._opts = _options(write_buffer_mb)
+            self._opts = _options(write_buffer_mb=write_buffer_mb, memory_mb=memory_mb)
             self._db, self._label = self._open_db()
         except BaseException:
             with _open_paths_lock:
@@ -307,6 +386,20 @@ class WorkingCopy:
         label = pack_label(version, dirty=dirty, root_id=root_id, attempt=attempt, undo=record)
         batch.put(LABEL_KEY, label)
         self._write(batch, parse_label(label)[0])
+        self._flush_if_over_share()
+
+    def _flush_if_over_share(self) -> None:
+        """Flush this copy's memtable if the process's memtables are over their bound and
+        this one holds more than its share (RocksDB itself would wait for its next write).
+
+        Raises:
+            StateKeeperError: the flush failed (a full disk, say).
+        """
+        held = self._db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
+        with _open_paths_lock:
+            open_copies = len(_open_paths)
+        if SHARED_MEMORY.over_share(held, open_copies):
+            self.flush()
 
     def _undo_record(self, changes: list[tuple[bytes, bytes | None]]) -> bytes | None:
         """The undo record of ``changes`` on top of the labelled version, if it has one
@@ -465,7 +558,7 @@ class WorkingCopy:
     @property
     def lineage_path(self) -> str:
         """File beside the copy naming the snapshot its files descend from."""
-        return self.path + ".lineage.json"
+        return _lineage_path(self.path)
 
     @property
     def lineage(self) -> tuple[str, int] | None:
@@ -494,3 +587,44 @@ class WorkingCopy:
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump({"checkpointId": checkpoint_id, "version": version}, fh)
         os.replace(tmp, self.lineage_path)
+
+
+def _lineage_path(path: str) -> str:
+    return path + ".lineage.json"
+
+
+def remove_unused_copy(path: str) -> bool:
+    """Delete the working copy at ``path`` (with its lineage record and stale checkpoint
+    folders) unless a process has it open; True if deleted. Folders set aside as damaged
+    and the Spark layer's lock file beside it are kept.
+
+    "Open" is told as :mod:`statekeeper.store._local_disk` tells it: this process's own set
+    of open copies first (which also keeps the lock probe away from a lock this process
+    holds), then RocksDB's ``LOCK``. The path is reserved meanwhile, so this process cannot
+    open the copy while it is being deleted.
+    """
+    path = os.path.abspath(path)
+    with _open_paths_lock:
+        if path in _open_paths:
+            return False
+        _open_paths.add(path)
+    try:
+        try:
+            with holding_lock(path, None):
+                shutil.rmtree(path, ignore_errors=True)
+        except StateKeeperError as exc:  # in use by another process, or cannot be told
+            _log.debug("kept the local working copy %s: %s", path, exc)
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_lineage_path(path))
+        # Imported here: the snapshot module imports this one. It keeps the folders of
+        # uploads still running in this process.
+        from statekeeper.store._snapshots import remove_stale_checkpoints
+
+        remove_stale_checkpoints(path)
+        with contextlib.suppress(OSError):  # not empty: an upload of this process runs
+            os.rmdir(f"{path}.checkpoints")
+    finally:
+        with _open_paths_lock:
+            _open_paths.discard(path)
+    return not os.path.exists(path)
