@@ -1,14 +1,23 @@
-"""The working copy's label and undo record, on a real RocksDB."""
+"""The working copy's label and undo record, its share of the process's RocksDB memory and
+its removal, on a real RocksDB."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from statekeeper.store import _label
 from statekeeper.store._label import decode_undo, encode_undo, pack_label, parse_label
-from statekeeper.store._working_copy import WorkingCopy
+from statekeeper.store._working_copy import (
+    WorkingCopy,
+    _SharedMemory,
+    remove_unused_copy,
+)
 
 ROOT = "r" * 32
 
@@ -114,3 +123,109 @@ def test_labels_of_statekeeper_0_1_and_with_undo_parse() -> None:
     assert (label.version, label.dirty, label.root_id, label.attempt) == (3, True, ROOT, "A3")
     assert label.has_undo
     assert raw == record
+
+
+# -- the process's shared RocksDB memory ------------------------------------------------------
+
+
+def test_the_shared_memory_grows_to_the_largest_budget_and_never_shrinks() -> None:
+    shared = _SharedMemory()
+    cache, buffers = shared.reserve(8)
+    assert (shared.memory_mb, buffers.get_buffer_size()) == (8, 4 << 20)
+    assert shared.reserve(16) == (cache, buffers)  # the same objects, resized
+    assert (shared.memory_mb, buffers.get_buffer_size()) == (16, 8 << 20)
+    shared.reserve(4)
+    assert (shared.memory_mb, buffers.get_buffer_size()) == (16, 8 << 20)
+
+
+# A fresh process: the memory of the test process is already shared at some other size.
+_WRITER = """
+import json, os, sys
+from statekeeper.store._working_copy import SHARED_MEMORY, WorkingCopy
+folder, memory_mb = sys.argv[1], int(sys.argv[2])
+copies = [WorkingCopy(os.path.join(folder, str(i)), write_buffer_mb=64, memory_mb=memory_mb,
+                      checkpoint_interval_s=1e9) for i in range(4)]
+peak = 0
+for version in range(1, 4):
+    for copy in copies:
+        changes = [(b"%d-%06d" % (version, k), os.urandom(100)) for k in range(7000)]
+        copy.apply(changes, version=version, root_id="r" * 32, attempt="a")
+        peak = max(peak, SHARED_MEMORY.usage()[1])
+        assert dict(copy.scan(b"%d-" % version)) == dict(changes)
+ssts = [sum(n.endswith(".sst") for n in os.listdir(c.path)) for c in copies]
+print(json.dumps({"peak": peak, "bound": SHARED_MEMORY.buffers.get_buffer_size(), "ssts": ssts}))
+for copy in copies:
+    copy.close()
+"""
+
+
+def _memtables(folder: Path, memory_mb: int) -> dict[str, int]:
+    out = subprocess.run(
+        [sys.executable, "-c", _WRITER, str(folder), str(memory_mb)],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    result: dict[str, int] = json.loads(out.stdout)
+    return result
+
+
+def test_the_memtables_of_all_copies_stay_within_the_process_budget(tmp_path: Path) -> None:
+    """Four copies, three commits of ~0.8 MB each: with a 4 MB budget (2 MB of memtables)
+    the memtables are flushed as they go; with a large one they hold everything."""
+    commit = 7000 * 110
+    small = _memtables(tmp_path / "small", 4)
+    assert small["bound"] == 2 << 20
+    assert small["peak"] <= small["bound"] + 2 * commit, small
+    assert all(n > 0 for n in small["ssts"]), small  # every copy was flushed
+    large = _memtables(tmp_path / "large", 1024)
+    assert large["peak"] > 12 * commit, large  # all twelve commits still in memtables
+    assert large["ssts"] == [0, 0, 0, 0], large
+
+
+# -- removing an unused copy ------------------------------------------------------------------
+
+_HOLDER = """
+import sys
+from statekeeper.store._working_copy import WorkingCopy
+copy = WorkingCopy(sys.argv[1], write_buffer_mb=1, memory_mb=8, checkpoint_interval_s=60)
+print("open", flush=True)
+sys.stdin.readline()
+copy.close()
+"""
+
+
+def test_an_unused_copy_is_removed_with_what_lies_beside_it(tmp_path: Path) -> None:
+    copy = _copy(tmp_path)
+    _at_v2(copy)
+    copy.set_lineage("ckpt", 2)
+    os.makedirs(f"{copy.path}.checkpoints/stale")
+    assert not remove_unused_copy(copy.path)  # open in this process
+    assert os.path.isdir(copy.path)
+    copy.close()
+    lock = f"{copy.path}.lock"
+    Path(lock).write_text("kept")
+    assert remove_unused_copy(copy.path)
+    assert not os.path.exists(copy.path)
+    assert not os.path.exists(copy.lineage_path)
+    assert not os.path.exists(f"{copy.path}.checkpoints")
+    assert Path(lock).read_text() == "kept"  # lock files are never deleted
+    fresh = _copy(tmp_path)
+    assert (_items(fresh), fresh.version) == ({}, None)  # opens afresh
+    fresh.close()
+
+
+def test_a_copy_open_in_another_process_is_kept(tmp_path: Path) -> None:
+    path = str(tmp_path / "copy")
+    with subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:  # fmt: skip
+        assert holder.stdin is not None
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "open"
+        assert not remove_unused_copy(path)
+        assert os.path.isdir(path)
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.wait(timeout=30) == 0
+    assert remove_unused_copy(path)
+    assert not os.path.exists(path)
