@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,100 @@ def test_a_busy_working_copy_times_out_with_a_clear_error(tmp_path: Path) -> Non
     assert lock.acquire(5) < 5  # the holder's exit released it
     assert not os.path.exists(lock.request_path)
     lock.release()
+
+
+# -- bounded per worker: the open-store budget and the local-copy sweep -----------------------
+
+
+def _wait_until(check: Callable[[], bool], timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _commit(cache: StoreCache, spec: StoreSpec, partition: int, version: int) -> None:
+    lease = cache.acquire(spec, partition, version)
+    lease.store.put(b"k", b"%d" % partition)
+    lease.store.commit()
+    cache.release(lease, ok=True)
+
+
+def test_stores_beyond_the_budget_are_closed_least_recently_used_first(
+    cache: StoreCache, tmp_path: Path
+) -> None:
+    config = StoreConfig(local_dir=str(tmp_path / "local"), max_open_stores=2)
+    spec = StoreSpec(str(tmp_path / "root"), "op", 4, config, (), lock_timeout_s=5.0)
+    paths = {p: cache.backend(spec).local_path("op", p) for p in range(4)}
+    _commit(cache, spec, 0, 0)
+    _commit(cache, spec, 1, 0)
+    busy = cache.acquire(spec, 2, 0)  # a running task's store is never closed
+    assert _wait_until(lambda: [k[2] for k in cache.open_keys()] == [1, 2])  # 0 was oldest
+    _commit(cache, spec, 3, 0)
+    assert _wait_until(lambda: [k[2] for k in cache.open_keys()] == [2, 3])
+    assert not busy.store.closed
+    busy.store.put(b"k", b"2")
+    busy.store.commit()
+    cache.release(busy, ok=True)
+    assert _wait_until(lambda: len(cache.open_keys()) == 2)
+
+    again = cache.acquire(spec, 0, 1)  # closed, not forgotten: its copy is still on disk
+    assert not again.reused
+    assert again.restore is not None
+    assert again.restore.base_kind == "local"
+    assert again.store.get(b"k") == b"0"
+    cache.release(again, ok=True)
+    assert all(os.path.isdir(path) for path in paths.values())
+
+
+@contextlib.contextmanager
+def _locked_by_another_process(path: str) -> Iterator[None]:
+    args = [sys.executable, "-c", _LOCKER, path]
+    with subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as locker:
+        assert locker.stdin is not None
+        assert locker.stdout is not None
+        assert locker.stdout.readline().strip() == "locked"
+        try:
+            yield
+        finally:
+            locker.stdin.write("\n")
+            locker.stdin.flush()
+            locker.wait(timeout=30)
+
+
+def test_copies_unused_for_the_ttl_are_deleted_but_held_ones_are_not(
+    cache: StoreCache, tmp_path: Path
+) -> None:
+    local = str(tmp_path / "local")
+    config = StoreConfig(local_dir=local, local_copy_ttl_s=3600.0)
+    spec = StoreSpec(str(tmp_path / "root"), "op", 4, config, (), lock_timeout_s=5.0)
+    other = StoreSpec(str(tmp_path / "other-root"), "op", 4, config, (), lock_timeout_s=5.0)
+    for partition in range(3):
+        _commit(cache, spec, partition, 0)
+    other_cache = StoreCache()  # another root's copy under the same local_dir
+    _commit(other_cache, other, 0, 0)
+    other_cache.close_all()
+    cache.close_all()
+    path = {p: cache.backend(spec).local_path("op", p) for p in range(3)}
+    kept_open = cache.acquire(spec, 2, 1)  # 2 stays open (and locked) in this worker
+    cache.release(kept_open, ok=True)
+
+    assert cache.sweep_local_copies() == []  # nothing is an hour old yet
+    later = time.time() + 2 * 3600
+    with _locked_by_another_process(path[1]):
+        assert cache.sweep_local_copies(now=later) == [path[0]]
+    assert not os.path.exists(path[0])
+    assert not os.path.exists(f"{path[0]}.lineage.json")
+    assert os.path.isdir(path[1])
+    assert os.path.isdir(path[2])
+    assert os.path.isdir(cache.backend(other).local_path("op", 0))  # never another root's
+    assert cache.open_keys() == [(path[2], "op", 2)]
+
+    restored = cache.acquire(spec, 0, 1)  # gone from disk: restored from the root
+    assert restored.restore is not None
+    assert restored.restore.base_kind != "local"
+    assert restored.store.get(b"k") == b"0"
+    cache.release(restored, ok=True)
+    assert cache.sweep_local_copies(now=later) == [path[1]]  # released by the other process
