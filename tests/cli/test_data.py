@@ -13,6 +13,7 @@ import pytest
 import rocksdict
 
 import statekeeper as sk
+from statekeeper.epochs import EpochManifest, StoreEntry, write_manifest
 from statekeeper.keyed import PickleCodec, StatefulProcessor, StatefulProcessorHandle, encode_key
 from statekeeper.keyed.testing import ProcessorTester
 from tests.cli.conftest import Built, flip, history_of, one_error_line, run
@@ -44,6 +45,38 @@ def test_inspect_defaults_to_the_latest_version(root: Built) -> None:
     doc = _inspect(root, "snap", "-p", "0")
     assert doc["version"] == 3
     assert _raw(doc) == root.states[("snap", 0)][3]
+
+
+def _epoch(root: Built, epoch: int, versions: list[int], created: int) -> None:
+    """Write an epoch manifest of ``counts`` naming ``versions`` (one per partition)."""
+    entries = [StoreEntry(p, v, None, None, None) for p, v in enumerate(versions)]
+    manifest = EpochManifest(epoch, "q", None, created, {"counts": 2}, {"counts": entries})
+    blobs = root.blobs()
+    try:
+        assert write_manifest(blobs, manifest)
+    finally:
+        blobs.close()
+
+
+def test_inspect_and_restore_default_to_the_version_the_newest_epoch_manifest_names(
+    local: Built, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Partition 0 is at version 7, but the last micro-batch a query finished left it at 5:
+    that is what read_state reads, and what inspect and restore show by default."""
+    _epoch(local, 4, [5, 1], 1)
+    doc = _inspect(local, "counts", "-p", "0", "--limit", "0")
+    assert doc["version"] == 5
+    assert _raw(doc) == local.states[("counts", 0)][5]
+    result = run("restore", local.uri, "counts", "-p", "0", "--to", str(tmp_path / "db"), "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["version"] == 5
+    assert _opened(tmp_path / "db") == local.states[("counts", 0)][5]
+    assert _inspect(local, "counts", "-p", "0", "--version", "7")["version"] == 7
+    # A newer manifest naming a version that is not restorable: the newest, and why.
+    _epoch(local, 98, [99, 1], 2)
+    with caplog.at_level("WARNING", logger="statekeeper.epochs"):
+        assert _inspect(local, "counts", "-p", "0")["version"] == 7
+    assert "names version 99 of partition 0" in caplog.text
 
 
 def test_inspect_shows_text_or_hex(root: Built) -> None:

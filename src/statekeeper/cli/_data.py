@@ -46,7 +46,10 @@ def _store_options(f: Callable[..., Any]) -> Callable[..., Any]:
         "--version",
         "version",
         type=click.IntRange(min=0),
-        help="The version to read (default: the newest).",
+        help=(
+            "The version to read (default: the one the newest epoch manifest names, as "
+            "read_state reads it; the newest without one)."
+        ),
     )(f)
     f = click.option(
         "--partition", "-p", type=click.IntRange(min=0), required=True, help="The partition."

@@ -9,6 +9,7 @@ operator or creates a folder.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ import click
 from statekeeper import layout
 from statekeeper.cli._app import UsageFailure
 from statekeeper.config import StoreConfig
+from statekeeper.epochs import consistent_cut
 from statekeeper.errors import StateNotFoundError
 from statekeeper.history import RootListing
 from statekeeper.storage import BlobStore, open_blob_store
@@ -172,14 +174,32 @@ class Root:
         )
 
     def require_version(self, operator: str, partition: int, version: int | None) -> int:
-        """The version to open (the latest if ``None``); a usage error if not restorable."""
+        """The version to open; a usage error if it is not restorable.
+
+        ``None`` means the partition's version in the consistent cut, as ``read_state``
+        reads it (:func:`statekeeper.epochs.consistent_cut`): the one the newest epoch
+        manifest naming the operator records, else (no manifest, or that version is no
+        longer restorable; logged) the newest.
+        """
         history = self.listing.history(operator, partition)
         try:
-            wanted = history.latest() if version is None else version
+            wanted = self._default_version(operator, partition) if version is None else version
             history.plan(wanted, None)
         except StateNotFoundError as exc:
             raise UsageFailure(str(exc)) from exc
         return wanted
+
+    def _default_version(self, operator: str, partition: int) -> int:
+        count = self.meta.operators.get(operator)
+        if count is None:  # never stated: as many as the listing shows
+            count = max([partition, *self.partitions(operator)]) + 1
+        cut = consistent_cut(
+            self.blobs, operator, count, functools.partial(self.listing.history, operator),
+            only=[partition],
+        )  # fmt: skip
+        if cut.manifest is None:
+            return self.listing.history(operator, partition).latest()
+        return cut.versions[partition]
 
 
 def _local_path(root: str) -> str | None:
