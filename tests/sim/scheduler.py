@@ -1,10 +1,12 @@
 """A seeded baton scheduler: actors run in threads, exactly one at a time.
 
-Every blob store call an actor makes is a **yield point**: the calling thread parks, hands the
-baton back to the scheduler (the thread that called :meth:`Sim.run`), and waits. Once every
-actor is parked (at a blob call, at a step boundary, or finished), the scheduler draws from
-``random.Random(seed)`` which parked actor goes next and which fault, if any, hits the call it
-is parked at. So the interleaving, and every fault, is a function of the seed alone.
+Every blob store call an actor makes is a **yield point**: the calling thread parks and waits
+for the baton. Once every actor is parked (at a blob call, at a step boundary, or finished),
+the thread that parked (or finished) last draws from ``random.Random(seed)`` which parked actor
+goes next and which fault, if any, hits the call it is parked at, and wakes that actor alone
+(itself, if it was drawn: then no thread switch at all). So the interleaving, and every fault,
+is a function of the seed alone; the thread that called :meth:`Sim.run` only waits for the end
+(and for a run that stopped making progress).
 
 Threads of the library (the snapshot upload and restore pools) are attributed to the actor that
 holds the baton: only that actor runs, so any blob call made from a thread that is not an actor
@@ -93,6 +95,8 @@ class _Actor:
     fault: str = ""
     thread_id: int | None = None
     dead: str = ""  # "" alive, "crash": calls raise Crash, "refuse": calls raise StorageError
+    wake: threading.Condition | None = None
+    """Notified when this actor is handed the baton (or the run aborts)."""
 
 
 @dataclass
@@ -108,9 +112,14 @@ class Sim:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
-        self._cv = threading.Condition()
+        # One lock guards the scheduler's state; each actor waits on a condition of its own
+        # (woken alone when chosen), and ``_cv`` wakes the thread in :meth:`run`.
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
         self._actors: dict[str, _Actor] = {}
         self._running: str | None = None
+        self._started = False
+        self._progress = 0
         self._local = threading.local()
         self._aliases: dict[str, str] = {}
         self._uuid_streams: dict[str, random.Random] = {}
@@ -127,7 +136,7 @@ class Sim:
         """
         if name in self._actors:
             raise ValueError(f"two actors named {name!r}")
-        actor = _Actor(name, can_crash, weight)
+        actor = _Actor(name, can_crash, weight, wake=threading.Condition(self._lock))
         self._actors[name] = actor
 
         def main() -> None:
@@ -140,45 +149,58 @@ class Sim:
             except (Exception, Crash) as exc:  # noqa: BLE001 - re-raised by run()
                 self._fail(exc)
             finally:
-                with self._cv:
+                with self._lock:
                     actor.state = "done"
                     if self._running == name:
                         self._running = None
+                    self._progress += 1
+                    self._dispatch_locked()
                     self._cv.notify_all()
 
         threading.Thread(target=main, name=f"sim-{name}", daemon=True).start()
 
     def run(self) -> None:
         """Schedule parked actors until all are done; re-raise the first failure."""
-        while True:
-            with self._cv:
-                if not self._cv.wait_for(self._settled, timeout=_PARK_TIMEOUT_S):
-                    busy = [a.name for a in self._actors.values() if a.state == "running"]
-                    self._fail(
-                        DeterminismError(
-                            f"actors {busy} neither parked nor finished in {_PARK_TIMEOUT_S}s: "
-                            "blocked on something a parked actor holds?"
-                        )
-                    )
-                    self._abort_locked()
-                    break
-                parked = sorted(n for n, a in self._actors.items() if a.state == "parked")
-                if not parked:
-                    break
-                if self.failure is not None:
-                    self._abort_locked()
+        with self._lock:
+            self._started = True
+            self._dispatch_locked()
+            seen = self._progress
+            while not all(a.state == "done" for a in self._actors.values()):
+                if self._cv.wait(timeout=_PARK_TIMEOUT_S) or self._progress != seen:
+                    seen = self._progress
                     continue
-                actor = self._choose(parked)
-                name = actor.name
-                actor.fault = self._draw_fault(actor)
-                if actor.pending is not None:
-                    op, key = actor.pending
-                    self.trace.append((name, op, self._canonical(key), actor.fault))
-                actor.state = "running"
-                self._running = name
-                self._cv.notify_all()
+                busy = [a.name for a in self._actors.values() if a.state == "running"]
+                if self.failure is None:
+                    self.failure = DeterminismError(
+                        f"actors {busy} neither parked nor finished in {_PARK_TIMEOUT_S}s: "
+                        "blocked on something a parked actor holds?"
+                    )
+                self._abort_locked()
+                break
         if self.failure is not None:
             raise self.failure
+
+    def _dispatch_locked(self) -> None:
+        """If every actor is parked or done, hand the baton to one parked actor (drawn from
+        the seed, with the fault for its call), or abort the run after a failure."""
+        if not self._started or not self._settled():
+            return
+        parked = sorted(n for n, a in self._actors.items() if a.state == "parked")
+        if not parked:
+            return  # all done: run() is notified by the thread that finished last
+        if self.failure is not None:
+            self._abort_locked()
+            return
+        actor = self._choose(parked)
+        name = actor.name
+        actor.fault = self._draw_fault(actor)
+        if actor.pending is not None:
+            op, key = actor.pending
+            self.trace.append((name, op, self._canonical(key), actor.fault))
+        actor.state = "running"
+        self._running = name
+        assert actor.wake is not None
+        actor.wake.notify_all()
 
     def _choose(self, parked: list[str]) -> _Actor:
         """One parked actor, with probability proportional to its weight."""
@@ -196,13 +218,15 @@ class Sim:
         )
 
     def _fail(self, exc: BaseException) -> None:
-        with self._cv:
+        with self._lock:
             if self.failure is None:
                 self.failure = exc
-            self._cv.notify_all()
 
     def _abort_locked(self) -> None:
         self._aborting = True
+        for actor in self._actors.values():
+            assert actor.wake is not None
+            actor.wake.notify_all()
         self._cv.notify_all()
 
     def current(self) -> str:
@@ -210,7 +234,7 @@ class Sim:
         name = getattr(self._local, "actor", None)
         if name is not None:
             return str(name)
-        with self._cv:
+        with self._lock:
             if self._running is None:
                 raise DeterminismError(
                     f"blob call from thread {threading.current_thread().name!r} while no actor "
@@ -226,8 +250,9 @@ class Sim:
 
     def note(self, what: str) -> None:
         """Record what the running actor starts doing (a step) in the trace."""
-        with self._cv:
-            self.trace.append((self.current(), "step", self._canonical(what), ""))
+        who = self.current()
+        with self._lock:
+            self.trace.append((who, "step", self._canonical(what), ""))
 
     def call(self, op: str, key: str, fn: Callable[[], _T]) -> _T:
         """Make one blob call ``fn`` as a yield point, injecting the fault drawn for it."""
@@ -257,7 +282,7 @@ class Sim:
 
     def _park(self, actor: _Actor, pending: tuple[str, str] | None) -> str:
         me = threading.get_ident()
-        with self._cv:
+        with self._lock:
             if actor.state == "parked":
                 raise DeterminismError(
                     f"{actor.name} made two blob calls at once ({actor.pending} and {pending}): "
@@ -266,8 +291,11 @@ class Sim:
             actor.state, actor.pending, actor.thread_id = "parked", pending, me
             if self._running == actor.name:
                 self._running = None
-            self._cv.notify_all()
-            self._cv.wait_for(lambda: actor.state == "running" or self._aborting)
+            self._progress += 1
+            self._dispatch_locked()
+            assert actor.wake is not None
+            while actor.state != "running" and not self._aborting:
+                actor.wake.wait()
             if self._aborting:
                 actor.state = "running"  # unwinding; done when the thread ends
                 raise Aborted
@@ -308,10 +336,9 @@ class Sim:
         once: an upload reads its next file while its pool writes the last), ``"harness"``
         outside any actor. So every stream is consumed in an order the seed determines."""
         name = getattr(self._local, "actor", None)
-        if name is None:
-            with self._cv:
+        with self._lock:
+            if name is None:
                 name = "harness" if self._running is None else f"{self._running}/pool"
-        with self._cv:
             rng = self._uuid_streams.get(name)
             if rng is None:
                 rng = self._uuid_streams[name] = random.Random(f"uuid/{self.seed}/{name}")
