@@ -14,7 +14,13 @@ import pytest
 from statekeeper import StateBackend, StoreConfig
 from statekeeper.cli.demo import DemoError, DemoOptions
 from statekeeper.cli.demo._clicks import SPAN_S, T0, Click, batch_clicks, write_batch
-from statekeeper.cli.demo._reference import Found, compare, expected_sessions, watermarks_ms
+from statekeeper.cli.demo._reference import (
+    Found,
+    compare,
+    expected_sessions,
+    state_of,
+    watermarks_ms,
+)
 from statekeeper.cli.demo._sessionizer import Sessionizer, merge_click
 from statekeeper.cli.demo._workdir import MARKER_FILE, prepare
 
@@ -95,14 +101,39 @@ def test_the_reference_closes_sessions_at_the_watermark_and_drops_late_clicks() 
     assert expected.pages["b"] == {"help": 1, "home": 1}
     assert expected.sessions == 6
 
-    found = Found(dict(expected.summary), dict(expected.open), dict(expected.pages))
+    assert expected.timers == {"a": [1_820_000], "c": [1_670_000], "d": [1_571_000]}
+
+    found = Found(
+        dict(expected.summary), dict(expected.open), dict(expected.pages), dict(expected.timers)
+    )
     assert compare(expected, expected.closed, found).passed
     found.open["c"] = [[1500, 1550, 3]]
+    del found.timers["d"]
     outcome = compare(expected, expected.closed[1:], found)
     assert outcome.differences == [
         "sink lacks 1x session ('a', 1, 1000, 1060, 2)",
         "state 'open' of c: expected [[1500, 1550, 2]], found [[1500, 1550, 3]]",
+        "state 'timers' lacks user d: [1571000]",
     ]
+
+
+def test_state_of_reads_read_state_rows_timers_included() -> None:
+    """Rows as ``read_state`` returns them: JSON values and map keys, timers as rows of
+    state ``$timer`` with their expiry in ``entry`` and no value."""
+    rows = [
+        {"user": "a", "state": "summary", "entry": None, "value": '{"sessions": 1, "events": 3}'},
+        {"user": "a", "state": "open", "entry": None, "value": "[[10, 20, 2]]"},
+        {"user": "a", "state": "pages", "entry": '"home"', "value": "3"},
+        {"user": "a", "state": "$timer", "entry": "140000", "value": None},
+        {"user": "a", "state": "$timer", "entry": "9000", "value": None},
+    ]
+    found = state_of(rows)
+    assert found == Found(
+        summary={"a": {"sessions": 1, "events": 3}},
+        open={"a": [[10, 20, 2]]},
+        pages={"a": {"home": 3}},
+        timers={"a": [9000, 140000]},
+    )
 
 
 def test_a_click_joins_bridges_or_opens_sessions() -> None:
@@ -160,15 +191,14 @@ def test_the_sessionizer_equals_the_reference_batch_by_batch() -> None:
                 found.pages.setdefault(entry.key[0], {})[entry.entry] = entry.value
             else:
                 getattr(found, entry.state)[entry.key[0]] = entry.value
-        timers = tester.timers()
+        for key, expiry in tester.timers():
+            found.timers.setdefault(key[0], []).append(expiry)
+    for expiries in found.timers.values():
+        expiries.sort()
     expected = expected_sessions(batches, gap_s=120, delay_s=300)
-    assert compare(expected, sink, found).differences == []
+    assert compare(expected, sink, found).differences == []  # timers included
     assert late == expected.late > 0
     assert len(expected.closed) > 100
-    # one timer per open session, at its last click + gap
-    assert sorted(timers) == sorted(
-        ((user,), (s[1] + 120) * 1000) for user, open_ in expected.open.items() for s in open_
-    )
     # users who stopped clicking: their last session was closed by the watermark alone
     active_last = {c.user for c in batches[-1]}
     assert any(row[0] not in active_last and row[0] not in expected.open for row in sink)

@@ -28,6 +28,9 @@ from typing import Any
 
 from statekeeper.cli.demo._clicks import Click
 
+TIMER_STATE = "$timer"
+"""The ``state`` of a timer's row in :func:`statekeeper.spark.read_state`."""
+
 __all__ = [
     "Expected",
     "Found",
@@ -62,6 +65,15 @@ class Expected:
     """Clicks dropped as late."""
     watermark_ms: int = 0
     """The watermark of the last micro-batch."""
+    gap_s: int = 0
+
+    @property
+    def timers(self) -> dict[str, list[int]]:
+        """User -> the timers (ms) the open sessions must have: last click + gap."""
+        return {
+            user: [(s[1] + self.gap_s) * 1000 for s in sessions]
+            for user, sessions in self.open.items()
+        }
 
     @property
     def sessions(self) -> int:
@@ -106,7 +118,7 @@ def expected_sessions(batches: Sequence[Sequence[Click]], gap_s: int, delay_s: i
     ]
     every = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if every.empty:
-        return Expected([], {}, {}, {})
+        return Expected([], {}, {}, {}, gap_s=gap_s)
     df = every[every["ts"] * 1000 > every["late_ms"]]
     df = df.sort_values(["user", "ts"], kind="stable").reset_index(drop=True)
     gaps = df.groupby("user")["ts"].diff()
@@ -132,7 +144,9 @@ def expected_sessions(batches: Sequence[Sequence[Click]], gap_s: int, delay_s: i
     pages: dict[str, dict[str, int]] = {}
     for (user, page), n in df.groupby(["user", "page"]).size().items():
         pages.setdefault(str(user), {})[str(page)] = int(n)
-    return Expected(closed, summary, still, pages, late=len(every) - len(df), watermark_ms=final)
+    return Expected(
+        closed, summary, still, pages, late=len(every) - len(df), watermark_ms=final, gap_s=gap_s
+    )
 
 
 @dataclass
@@ -142,12 +156,18 @@ class Found:
     summary: dict[str, Summary] = field(default_factory=dict)
     open: dict[str, list[list[int]]] = field(default_factory=dict)
     pages: dict[str, dict[str, int]] = field(default_factory=dict)
+    timers: dict[str, list[int]] = field(default_factory=dict)
+    """User -> the registered timers (ms), ascending."""
 
 
 def state_of(rows: Iterable[Mapping[str, Any]]) -> Found:
-    """``summary``, ``open`` and ``pages`` per user from the rows of :func:`read_state`."""
+    """``summary``, ``open``, ``pages`` and timers per user from the rows of
+    :func:`read_state` (a timer is a row of state ``$timer``, its expiry in ``entry``)."""
     found = Found()
     for row in rows:
+        if row["state"] == TIMER_STATE:
+            found.timers.setdefault(row["user"], []).append(int(row["entry"]))
+            continue
         value = json.loads(row["value"])
         if row["state"] == "summary":
             found.summary[row["user"]] = value
@@ -155,6 +175,8 @@ def state_of(rows: Iterable[Mapping[str, Any]]) -> Found:
             found.open[row["user"]] = value
         elif row["state"] == "pages":
             found.pages.setdefault(row["user"], {})[json.loads(row["entry"])] = value
+    for expiries in found.timers.values():
+        expiries.sort()
     return found
 
 
@@ -169,6 +191,7 @@ def compare(expected: Expected, sink: Sequence[SessionRow], state: Found) -> Out
     _compare_maps("summary", expected.summary, state.summary, outcome)
     _compare_maps("open", expected.open, state.open, outcome)
     _compare_maps("pages", expected.pages, state.pages, outcome)
+    _compare_maps("timers", expected.timers, state.timers, outcome)
     return outcome
 
 
