@@ -1,23 +1,37 @@
 """``read_state``: a checkpoint root's state as a DataFrame, for inspection.
 
-The stores are restored on the driver into a temporary folder (never into the working copies
-a running query uses), read, and dropped. Without ``version`` the newest version *every*
-partition has is read, which is a consistent cut: all partitions commit every micro-batch.
+The state is read on the executors, one Spark task per partition: each task restores its
+store into a temporary folder under the executor's Spark local directory (never into the
+working copies a running query uses), scans it, and streams Arrow batches of bounded size
+(:data:`_BATCH_ROWS` rows or :data:`_BATCH_BYTES` bytes), so state larger than the driver's
+memory can be read. The driver only lists the root, picks the versions and opens one store
+to learn the operator's schema (the record a keyed processor writes into every store).
+
+Without ``version`` it reads the consistent cut (:func:`statekeeper.epochs.consistent_cut`):
+the versions the newest epoch manifest naming the operator records, i.e. the last
+micro-batch a query finished, even if some or all partitions committed a batch that failed
+after; where the root has no usable manifest, the newest version every partition has.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
+import logging
+import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from statekeeper.config import StoreConfig
-from statekeeper.errors import StateNotFoundError
+from statekeeper.epochs import consistent_cut
+from statekeeper.errors import ConfigMismatchError, StateNotFoundError
+from statekeeper.history import StoreHistory
 from statekeeper.keyed import (
     OperatorRecord,
     iter_state,
@@ -25,12 +39,22 @@ from statekeeper.keyed import (
     jsonable,
     read_operator_record,
 )
+from statekeeper.keyed.output import rows_to_batch
+from statekeeper.spark._cache import worker_config
+from statekeeper.spark._transform import _arrow_schema
 from statekeeper.store import StateBackend, StateStore
 
 __all__ = ["TIMER_STATE", "read_state"]
 
+_log = logging.getLogger("statekeeper.spark")
+
 TIMER_STATE = "$timer"
 """The ``state`` of a timer's row in :func:`read_state` (no state name starts with ``$``)."""
+
+_BATCH_ROWS = 4096
+"""Most rows in one Arrow batch a read task yields."""
+_BATCH_BYTES = 8 << 20
+"""Most bytes of keys and values (roughly) in one Arrow batch a read task yields."""
 
 _TAIL_FIELDS = [
     T.StructField("state", T.StringType()),
@@ -57,7 +81,7 @@ def read_state(
     storage_options: Mapping[str, str] | None = None,
     allow_pickle: bool = False,
 ) -> DataFrame:
-    """The state of operator ``name`` as a DataFrame.
+    """The state of operator ``name`` as a DataFrame, read by one Spark task per partition.
 
     For a processor's state: one row per value, map entry or list element, with columns
     ``partition``, the key columns, ``state``, ``entry`` (the map key as JSON, or the list
@@ -69,60 +93,184 @@ def read_state(
     and ``key_group``: in an operator with key groups the key's first two bytes, which
     ``key`` then goes without; null for an operator of statekeeper 0.1.
 
+    The versions are fixed when this is called; every action on the DataFrame restores and
+    scans them again on the executors (``cache()`` it to act on it more than once). The
+    executors need statekeeper installed, and must reach the root.
+
     Args:
-        spark: the session to build the DataFrame in.
+        spark: the session to build the DataFrame in (classic or Spark Connect).
         checkpoint: the checkpoint root.
         name: the operator.
-        version: the version to read in every partition; the newest common one if ``None``.
-        storage_options: object store options.
+        version: the version to read in every partition; if ``None``, the consistent cut:
+            the versions the newest epoch manifest naming ``name`` records (the last
+            micro-batch a query finished), or, in a root without a usable one (written
+            without Spark's listener, e.g. from Spark Connect), the newest version every
+            partition has; the reason is logged (logger ``statekeeper.epochs``).
+        storage_options: object store options (they travel to the executors with the tasks).
         allow_pickle: decode values of states declared with ``PickleCodec`` (runs code from
             the root: only for roots you trust); otherwise they show as a placeholder.
 
     Raises:
         StateNotFoundError: the operator is not in the root, or ``version`` is not
             restorable in some partition.
-        CorruptStateError: a blob or a stored record fails its checks.
+        CorruptStateError: a blob or a stored record fails its checks (raised by the action
+            that runs the tasks, if found there).
         StorageError: the root cannot be read.
     """
+    spec, schema = _plan(spark, checkpoint, name, version, storage_options, allow_pickle)
+    count = len(spec.versions)
+    # One row per partition, one partition per row: one task per store.
+    ids = spark.range(0, count, 1, numPartitions=count)
+    return ids.mapInArrow(functools.partial(_read_task, spec), schema)
+
+
+@dataclass(frozen=True)
+class _ReadSpec:
+    """What a read task needs; picklable, credentials kept out of repr."""
+
+    checkpoint: str
+    operator: str
+    versions: dict[int, int]
+    """Partition -> version to read."""
+    typed: bool
+    """Decode a keyed processor's state (else raw key/value rows)."""
+    grouped: bool
+    """Raw keys start with their key group."""
+    allow_pickle: bool
+    arrow_schema: Any
+    schema_partition: int | None
+    """The partition whose store gave the schema (for errors)."""
+    storage_options: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+
+def _plan(
+    spark: SparkSession,
+    checkpoint: str,
+    name: str,
+    version: int | None,
+    storage_options: Mapping[str, str] | None,
+    allow_pickle: bool,
+) -> tuple[_ReadSpec, T.StructType]:
+    """Pick the versions and learn the schema, on the driver, opening at most one store."""
     with tempfile.TemporaryDirectory(prefix="statekeeper-read-") as tmp:
         backend = StateBackend(
             checkpoint, config=StoreConfig(local_dir=tmp), storage_options=storage_options
         )
         try:
-            rows, schema = _read_rows(backend, name, version, allow_pickle)
+            versions, grouped = _versions(backend, name, version)
+            found = _schema_record(backend, name, versions)
         finally:
             backend.close()
-    return spark.createDataFrame(rows, schema)
+    source, record = found
+    schema = _RAW_SCHEMA if record is None else _typed_schema(record)
+    spec = _ReadSpec(
+        checkpoint=checkpoint,
+        operator=name,
+        versions=versions,
+        typed=record is not None,
+        grouped=grouped,
+        allow_pickle=allow_pickle,
+        arrow_schema=_arrow_schema(spark, schema),
+        schema_partition=source,
+        storage_options=tuple(sorted((str(k), str(v)) for k, v in (storage_options or {}).items())),
+    )
+    return spec, schema
 
 
-def _read_rows(
-    backend: StateBackend, name: str, version: int | None, allow_pickle: bool
-) -> tuple[list[tuple[Any, ...]], T.StructType]:
-    operators = backend.operators()
-    count = operators.get(name)
-    if count is None:
-        known = sorted(operators)
+def _versions(backend: StateBackend, name: str, version: int | None) -> tuple[dict[int, int], bool]:
+    """Partition -> version to read, and whether raw keys carry a key group.
+
+    Raises:
+        StateNotFoundError: the operator is unknown, or ``version`` is not restorable.
+    """
+    metadata = backend.root_metadata()
+    count = None if metadata is None else metadata.operators.get(name)
+    if metadata is None or count is None:
+        known = [] if metadata is None else sorted(metadata.operators)
         raise StateNotFoundError(
             f"operator {name!r} has no partition count in {backend.blobs.uri} (operators: {known})"
         )
+    root_id = metadata.root_id
+
+    @functools.cache
+    def history(partition: int) -> StoreHistory:
+        return StoreHistory.load(backend.blobs, name, partition, root_id=root_id)
+
     if version is None:
-        version = min(_latest(backend, name, p) for p in range(count))
-    metadata = backend.root_metadata()
-    groups = None if metadata is None else metadata.key_groups.get(name)
-    typed: list[tuple[Any, ...]] = []
-    raw: list[tuple[Any, ...]] = []
-    record: OperatorRecord | None = None
-    for p in range(count):
-        with backend.open(name, p, version) as store:
-            found = read_operator_record(store)
-            if found is None:
-                raw.extend(_raw_rows(store, p, grouped=groups is not None))
-                continue
-            record = record or found
-            typed.extend(_typed_rows(store, p, allow_pickle))
-    if record is None:
-        return raw, _RAW_SCHEMA
-    return typed, _typed_schema(record)
+        cut = consistent_cut(backend.blobs, name, count, history)
+        _log.info("read_state of %r: versions of %s", name, cut.describe())
+        versions = cut.versions
+    else:
+        for p in range(count):
+            history(p).plan(version, None)  # raises StateNotFoundError, naming what is missing
+        versions = dict.fromkeys(range(count), version)
+    return versions, name in metadata.key_groups
+
+
+def _schema_record(
+    backend: StateBackend, name: str, versions: dict[int, int]
+) -> tuple[int | None, OperatorRecord | None]:
+    """The operator record of the first partition past version 0 (a keyed processor writes
+    it into its store in every task, so that one store tells), and that partition."""
+    for p, v in sorted(versions.items()):
+        if v > 0:
+            with backend.open(name, p, v) as store:
+                return p, read_operator_record(store)
+    return None, None
+
+
+def _read_task(spec: _ReadSpec, batches: Iterable[Any]) -> Iterator[Any]:
+    """mapInArrow function: the rows of every partition id in ``batches``."""
+    for batch in batches:
+        for partition in batch.column(0).to_pylist():
+            yield from _read_partition(spec, int(partition))
+
+
+def _read_partition(spec: _ReadSpec, partition: int) -> Iterator[Any]:
+    """Restore one store into a temporary folder under the executor's local directory and
+    stream its rows as Arrow batches."""
+    base = worker_config(StoreConfig()).local_dir
+    if base is not None:
+        os.makedirs(base, exist_ok=True)
+    version = spec.versions[partition]
+    where = f"read_state of operator {spec.operator!r} partition {partition} version {version}"
+    options = dict(spec.storage_options) or None
+    with (
+        tempfile.TemporaryDirectory(prefix="statekeeper-read-", dir=base) as tmp,
+        StateBackend(
+            spec.checkpoint, config=StoreConfig(local_dir=tmp), storage_options=options
+        ) as backend,
+        backend.open(spec.operator, partition, version) as store,
+    ):
+        record = read_operator_record(store)
+        if spec.typed and record is None:
+            return  # an empty store, or one no keyed processor wrote to (as before: no rows)
+        if not spec.typed and record is not None:
+            raise ConfigMismatchError(
+                f"{where}: the store holds a keyed processor's operator record, but the "
+                f"store of partition {spec.schema_partition} read for the schema holds none: "
+                "the operator's partitions were written by different forms"
+            )
+        if spec.typed:
+            rows = _typed_rows(store, partition, spec.allow_pickle)
+        else:
+            rows = _raw_rows(store, partition, grouped=spec.grouped)
+        yield from _batches(rows, spec.arrow_schema, where)
+
+
+def _batches(rows: Iterator[tuple[Any, ...]], schema: Any, where: str) -> Iterator[Any]:
+    """``rows`` as Arrow batches of at most :data:`_BATCH_ROWS` rows or about
+    :data:`_BATCH_BYTES` bytes."""
+    chunk: list[tuple[Any, ...]] = []
+    size = 0
+    for row in rows:
+        chunk.append(row)
+        size += sum(len(v) for v in row if isinstance(v, bytes | str))
+        if len(chunk) >= _BATCH_ROWS or size >= _BATCH_BYTES:
+            yield rows_to_batch(chunk, schema, where)
+            chunk, size = [], 0
+    if chunk:
+        yield rows_to_batch(chunk, schema, where)
 
 
 def _raw_rows(store: StateStore, partition: int, *, grouped: bool) -> Iterator[tuple[Any, ...]]:
@@ -131,11 +279,6 @@ def _raw_rows(store: StateStore, partition: int, *, grouped: bool) -> Iterator[t
             yield (partition, key[2:], value, int.from_bytes(key[:2], "big"))
         else:
             yield (partition, key, value, None)
-
-
-def _latest(backend: StateBackend, name: str, partition: int) -> int:
-    versions = backend.versions(name, partition)
-    return versions[-1] if versions else 0
 
 
 def _typed_schema(record: OperatorRecord) -> T.StructType:
