@@ -11,14 +11,19 @@ import pytest
 import statekeeper as sk
 from statekeeper import layout
 from statekeeper.epochs import (
+    Cut,
     EpochManifest,
     StoreEntry,
+    consistent_cut,
     latest_epoch,
     latest_manifest,
+    newest_manifests,
+    pinned_versions,
     read_manifest,
     write_manifest,
 )
 from statekeeper.gc import collect_garbage
+from statekeeper.history import StoreHistory
 from statekeeper.reports import KEEP_BATCHES, sweep_reports
 from statekeeper.storage import LocalBlobStore
 
@@ -122,3 +127,74 @@ def test_gc_sweeps_task_reports_past_the_window_tasks_keep(
     )
     assert len(blobs.list(layout.reports_prefix())) == 5
     assert sweep_reports(blobs, keep=0) == [layout.report_key("counts", 3, p) for p in (0, 1)]
+
+
+def _committed(tmp_path: Path, versions: list[int]) -> sk.StateBackend:
+    """A root whose operator ``counts`` has partition ``p`` at ``versions[p]``."""
+    backend = sk.StateBackend(
+        str(tmp_path / "root"), config=sk.StoreConfig(local_dir=str(tmp_path / "wc"))
+    )
+    for p, count in enumerate(versions):
+        with backend.open("counts", p, partitions=len(versions)) as store:
+            for v in range(count):
+                store.put(b"k", b"%d" % v)
+                store.commit()
+    return backend
+
+
+def _cut(backend: sk.StateBackend, only: list[int] | None = None) -> Cut:
+    meta = backend.root_metadata()
+    assert meta is not None
+
+    def history(p: int) -> StoreHistory:
+        return StoreHistory.load(backend.blobs, "counts", p, root_id=meta.root_id)
+
+    return consistent_cut(backend.blobs, "counts", 2, history, only=only)
+
+
+def test_the_consistent_cut_is_what_the_newest_manifest_names(tmp_path: Path) -> None:
+    backend = _committed(tmp_path, [6, 5])
+    write_manifest(backend.blobs, _manifest(Q1, 3, "counts", 1))  # names version 4
+    write_manifest(backend.blobs, _manifest(Q2, 9, "dedup", 2))  # another query's operator
+    cut = _cut(backend)
+    assert cut.versions == {0: 4, 1: 4}  # not 5, the newest both partitions have
+    assert cut.manifest is not None
+    assert cut.manifest.query_id == Q1
+    assert cut.describe() == f"epoch 3 of query {Q1}"
+    assert _cut(backend, only=[1]).versions == {1: 4}
+
+
+def test_without_a_usable_manifest_the_cut_is_the_newest_common_version(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = _committed(tmp_path, [6, 5])
+    with caplog.at_level("INFO", logger="statekeeper.epochs"):
+        cut = _cut(backend)
+    assert (cut.versions, cut.manifest) == ({0: 5, 1: 5}, None)
+    assert "no epoch manifest names operator 'counts'" in caplog.text
+    assert _cut(backend, only=[0]).versions == {0: 6}
+    # A manifest naming a version one partition does not have (yet, or any more).
+    write_manifest(backend.blobs, _manifest(Q1, 5, "counts", 1))  # names version 6
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="statekeeper.epochs"):
+        cut = _cut(backend)
+    assert (cut.versions, cut.manifest) == ({0: 5, 1: 5}, None)
+    assert f"epoch manifest 5 of query {Q1} names version 6 of partition 1" in caplog.text
+    assert "names version 6 of partition 1" in cut.describe()
+    # One recording another partition count (the operator was recreated): not this one's.
+    entries = [StoreEntry(0, 2, None, None, None)]
+    other = EpochManifest(7, Q2, None, 3, {"counts": 1}, {"counts": entries})
+    write_manifest(backend.blobs, other)
+    assert (
+        _cut(backend).reason == f"epoch manifest 7 of query {Q2} records 1 partitions, the root 2"
+    )
+
+
+def test_pinned_versions_are_the_oldest_each_querys_newest_manifest_names(
+    blobs: LocalBlobStore,
+) -> None:
+    write_manifest(blobs, _manifest(Q1, 2, "counts", 1))  # not Q1's newest: not pinned
+    write_manifest(blobs, _manifest(Q1, 8, "counts", 2))
+    write_manifest(blobs, _manifest(Q2, 4, "counts", 3))  # a stale query on the same operator
+    assert sorted(m.epoch for m in newest_manifests(blobs)) == [4, 8]
+    assert pinned_versions(blobs) == {("counts", 0): 5, ("counts", 1): 5}
