@@ -1,10 +1,10 @@
 """Render the benchmark JSON outputs as ``benchmarks/RESULTS.md``.
 
-Reads ``commit.json``, ``restore.json``, ``per_key.json`` and ``pipeline.json`` from
-``--results`` (any of them may be missing: its section says so) and writes one Markdown
-page: the date, a description of the machine it runs on, one table per benchmark and the
-command that reproduces them (the recipe of the Makefile's ``bench`` target, read from
-``--makefile``).
+Reads ``commit.json``, ``restore.json``, ``per_key.json``, ``pipeline.json`` and
+``timers.json`` from ``--results`` (any of them may be missing: its section says so) and
+writes one Markdown page: the date, a description of the machine it runs on, one table per
+benchmark and the command that reproduces them (the recipe of the Makefile's ``bench``
+target, read from ``--makefile``).
 
     .venv/bin/python benchmarks/report.py [--results benchmarks/results]
         [--out benchmarks/RESULTS.md] [--makefile Makefile]
@@ -362,6 +362,55 @@ def pipeline_section(data: dict[str, Any]) -> list[str]:
     ]
 
 
+def timers_section(data: dict[str, Any]) -> list[str]:
+    """The timers benchmark: finding and firing the due timers per batch, by timers held."""
+    rows = [
+        [
+            f"{r['timers']:,}",
+            f"{r['due_per_batch']:,}",
+            r["batches"],
+            r["find_ms_p50"],
+            r["fire_ms_p50"],
+            r["commit_ms_p50"],
+            r["full_scan_s"],
+            f"{r['full_scan_to_find_ratio']:,}x",
+            r["peak_rss_mb"],
+            r["build_s"],
+        ]
+        for r in data["results"]
+    ]
+    return [
+        "## Finding due timers (`benchmarks/timers.py`)",
+        "",
+        "One keyed store holding one event-time timer per key; each micro-batch's watermark "
+        "makes a fixed number of them due. Find: the scan of the timer index for the due "
+        "timers; fire: the runner's timer step (find, a no-op `handle_expired_timer` per "
+        "timer, delete both entries of each); commit: of those deletes. The full scan reads "
+        "every timer and keeps the due ones (the naive ceiling). Peak RSS of the process "
+        f"that fires. Built by: {data['build']}. {data['conditions']}; run {data['date']} "
+        f"(load average {data['machine'].get('load_average_1m', '-')}).",
+        "",
+        *_table(
+            [
+                "timers held",
+                "due / batch",
+                "batches",
+                "find p50 ms",
+                "fire p50 ms",
+                "commit p50 ms",
+                "full scan s",
+                "full scan / find",
+                "peak RSS MB",
+                "build s",
+            ],
+            rows,
+        ),
+        "",
+        f"Find p50 at the largest size / at the smallest: "
+        f"**{data['find_p50_ratio_largest_to_smallest']}**.",
+    ]
+
+
 def _keys(data: dict[str, Any]) -> str:
     main, peers = data.get("expected_keys"), data.get("expected_keys_peers")
     text = "-" if main is None else f"{main:,}"
@@ -391,7 +440,7 @@ def bench_recipe(makefile: Path) -> list[str]:
 def render(results: Path, makefile: Path | None = None) -> str:
     """The RESULTS.md text for the JSON files in ``results``."""
     loaded: dict[str, dict[str, Any] | None] = {}
-    for name in ("commit", "restore", "per_key", "pipeline"):
+    for name in ("commit", "restore", "per_key", "pipeline", "timers"):
         path = results / f"{name}.json"
         loaded[name] = json.loads(path.read_text()) if path.exists() else None
     sections = {
@@ -399,6 +448,7 @@ def render(results: Path, makefile: Path | None = None) -> str:
         "restore": restore_section,
         "per_key": per_key_section,
         "pipeline": pipeline_section,
+        "timers": timers_section,
     }
     out = [
         "# statekeeper benchmark results",

@@ -199,11 +199,32 @@ def test_report_renders_every_table(
     assert "keys): yes." in text
 
 
+def test_timers_fires_exactly_the_due_timers_and_the_report_shows_them(tmp_path: Path) -> None:
+    """A tiny timers run: every batch finds and fires exactly the due timers in a fresh
+    process on the built local copy, the full scan finds the next batch's; the report
+    renders its table."""
+    args = ["--timers", "6000", "12000", "--due", "1000", "--batches", "3"]
+    found = _run("timers", tmp_path / "timers.json", *args, "--build-batch", "5000")
+    assert [r["timers"] for r in found["results"]] == [6000, 12000]
+    for r in found["results"]:
+        assert r["opened_from"] == "local"
+        assert r["build_versions"] == -(-r["timers"] // 5000)
+        assert r["timers_fired"] == 3000
+        assert r["full_scan_due_found"] == 1000
+        assert len(r["find_ms"]) == len(r["find_cpu_ms"]) == 3
+        assert 0 < r["find_ms_p50"] <= r["find_ms_max"]
+        assert r["peak_rss_mb"] > 0
+    out = tmp_path / "RESULTS.md"
+    _report(tmp_path, out)
+    assert "## Finding due timers (`benchmarks/timers.py`)" in out.read_text()
+    assert "| 12,000 | 1,000 | 3 |" in out.read_text()
+
+
 def test_make_bench_runs_every_benchmark_and_the_report() -> None:
     """The recipe the report quotes is the Makefile's, and writes where the report reads."""
     report = _load_report()
     recipe = report.bench_recipe(ROOT / "Makefile")
-    for name in ("commit", "restore", "per_key", "pipeline"):
+    for name in ("commit", "restore", "per_key", "pipeline", "timers"):
         assert any(
             f"benchmarks/{name}.py" in line and f"--out benchmarks/results/{name}.json" in line
             for line in recipe
