@@ -54,13 +54,15 @@ class SimBlobStore:
         *,
         page_size: int | None = None,
         lose_put: int | None = None,
-        on_delete: Callable[[], None] | None = None,
+        on_change: Callable[[str], None] | None = None,
         age_s: float = 0.0,
     ) -> None:
         self._sim = sim
         # Every blob reads as written ``age_s`` earlier: past any GC grace if large.
         self._age_s = age_s
-        self._on_delete = on_delete
+        # Told of every call that reached the store and may have changed the root, whatever
+        # it returned: "put", "sweep", "delete" (done) or "failed delete".
+        self._on_change = on_change
         self._inner = inner
         self._page_size = page_size
         # Self-test only: a store that lies, silently dropping every create-only put from the
@@ -84,7 +86,10 @@ class SimBlobStore:
             self._puts += 1
             if lose and self._puts >= lose and not overwrite and if_match is None:
                 return
-            self._inner.put(key, data, overwrite=overwrite, if_match=if_match)
+            try:
+                self._inner.put(key, data, overwrite=overwrite, if_match=if_match)
+            finally:
+                self._changed("put")
 
         put_with_retry(
             RETRY,
@@ -175,9 +180,16 @@ class SimBlobStore:
             )
 
     def _delete(self, key: str) -> None:
-        self._inner.delete_many([key])
-        if self._on_delete is not None:
-            self._on_delete()
+        done = False
+        try:
+            self._inner.delete_many([key])
+            done = True
+        finally:
+            self._changed("delete" if done else "failed delete")
+
+    def _changed(self, op: str) -> None:
+        if self._on_change is not None:
+            self._on_change(op)
 
     def put_many(self, items: Sequence[tuple[str, bytes]], *, overwrite: bool = False) -> None:
         error: StateKeeperError | None = None
@@ -193,9 +205,13 @@ class SimBlobStore:
         return [self.get(key) for key in keys]
 
     def sweep_incomplete(self, older_than_s: float, *, dry_run: bool = False) -> int:
-        return self._sim.call(
-            "sweep", "", lambda: self._inner.sweep_incomplete(older_than_s, dry_run=dry_run)
-        )
+        def sweep() -> int:
+            try:
+                return self._inner.sweep_incomplete(older_than_s, dry_run=dry_run)
+            finally:
+                self._changed("sweep")
+
+        return self._sim.call("sweep", "", sweep)
 
     def close(self) -> None:
         """Nothing to release: the inner store is shared by the run's hosts."""
