@@ -15,6 +15,10 @@ Compression = Literal["zstd", "none"]
 
 _MODES = ("changelog", "snapshot")
 _COMPRESSIONS = ("zstd", "none")
+# A changelog part's body: 64 bytes at least (tests use small parts), 2 GiB at most (the
+# changelog format's bound on one body).
+_MIN_PART_BYTES = 64
+_MAX_PART_BYTES = 2**31
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +62,10 @@ class StoreConfig:
         metrics_every: most commits whose metrics (latency, bytes, records) a store
             buffers before writing them as one commit-metrics blob; a snapshot or closing
             the store writes them sooner.
+        changelog_part_bytes: largest uncompressed body of one part of a changelog: a
+            commit whose changes frame to more is written (and replayed) a part at a time,
+            so its size is unbounded and the memory it takes beyond the changes is a few
+            parts. Readers take any part size.
     """
 
     mode: Mode = "changelog"
@@ -75,6 +83,7 @@ class StoreConfig:
     max_open_stores: int = 256
     local_copy_ttl_s: float = 24 * 3600.0
     metrics_every: int = 10
+    changelog_part_bytes: int = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.mode not in _MODES:
@@ -85,6 +94,13 @@ class StoreConfig:
             )
         _positive_int("snapshot_every", self.snapshot_every)
         _positive_int("metrics_every", self.metrics_every)
+        if not isinstance(self.changelog_part_bytes, int) or not (
+            _MIN_PART_BYTES <= self.changelog_part_bytes <= _MAX_PART_BYTES
+        ):
+            raise ValueError(
+                f"StoreConfig.changelog_part_bytes must be an int in [{_MIN_PART_BYTES}, "
+                f"{_MAX_PART_BYTES}], got {self.changelog_part_bytes!r}"
+            )
         _positive_int("retain_versions", self.retain_versions)
         _positive_int("chunk_size", self.chunk_size)
         _positive_int("io_threads", self.io_threads)

@@ -14,12 +14,17 @@ once its last version is older than the oldest retained version.
 
 Document (UTF-8 JSON, keys sorted)::
 
-    {"format": "statekeeper-commit-metrics", "formatVersion": 1,
+    {"format": "statekeeper-commit-metrics", "formatVersion": 2,
      "operator": "sessions", "partition": 3,
      "commits": [{"version": 12, "durationMs": 8.4, "bytes": 5120, "records": 100,
-                  "committedTimeMs": 1700000000000}, ...]}
+                  "committedTimeMs": 1700000000000,
+                  "phasesMs": {"encode": 1.2, "compress": 2.0, ..., "other": 0.3}}, ...],
+     "crc32c": ...}
 
-Readers reject a newer ``formatVersion`` with a clear error.
+Readers reject a newer ``formatVersion`` with a clear error. ``phasesMs`` (where the
+commit's time went, :attr:`statekeeper.CommitInfo.phases_ms`) is optional: entries written
+before it existed have none, and readers that predate it ignore it, so adding it needed no
+new format version.
 
 Keys come from ``layout.metrics_key`` / ``metrics_prefix`` / ``parse_metrics_key``.
 """
@@ -29,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +74,7 @@ class CommitMetrics:
         bytes: bytes uploaded by the commit.
         records: puts and deletes in the commit.
         committed_time_ms: when it finished, milliseconds since the epoch.
+        phases_ms: where the time went, milliseconds by phase (``None`` if not recorded).
     """
 
     version: int
@@ -76,16 +82,20 @@ class CommitMetrics:
     bytes: int
     records: int
     committed_time_ms: int
+    phases_ms: Mapping[str, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The entry's JSON object."""
-        return {
+        out: dict[str, Any] = {
             "version": self.version,
             "durationMs": self.duration_ms,
             "bytes": self.bytes,
             "records": self.records,
             "committedTimeMs": self.committed_time_ms,
         }
+        if self.phases_ms is not None:
+            out["phasesMs"] = dict(self.phases_ms)
+        return out
 
 
 def encode_commit_metrics(operator: str, partition: int, commits: Sequence[CommitMetrics]) -> bytes:
@@ -147,12 +157,16 @@ def _check_identity(doc: dict[str, Any], entries: list[CommitMetrics], blob: str
 
 
 def _entry(obj: Any) -> CommitMetrics:
+    phases = obj.get("phasesMs")
+    if phases is not None and not isinstance(phases, dict):
+        raise ValueError(f"phasesMs must be an object, found {phases!r}")
     metrics = CommitMetrics(
         version=int(obj["version"]),
         duration_ms=float(obj["durationMs"]),
         bytes=int(obj["bytes"]),
         records=int(obj["records"]),
         committed_time_ms=int(obj["committedTimeMs"]),
+        phases_ms=None if phases is None else {str(k): float(v) for k, v in phases.items()},
     )
     if metrics.version < 1 or metrics.duration_ms < 0 or metrics.bytes < 0:
         raise ValueError(f"entry out of range: {obj!r}")
@@ -201,7 +215,12 @@ def read_commit_metrics(
 
 
 def from_commit(
-    version: int, duration_s: float, bytes_uploaded: int, records: int
+    version: int,
+    duration_s: float,
+    bytes_uploaded: int,
+    records: int,
+    *,
+    phases_ms: Mapping[str, float] | None = None,
 ) -> CommitMetrics:
     """A :class:`CommitMetrics` for a commit that just finished (stamped now)."""
     return CommitMetrics(
@@ -210,6 +229,7 @@ def from_commit(
         bytes=bytes_uploaded,
         records=records,
         committed_time_ms=int(time.time() * 1000),
+        phases_ms=phases_ms,
     )
 
 
@@ -224,6 +244,7 @@ class CommitRecord:
             the file blobs new in it.
         records: puts and deletes (from the changelog header, or the commit metrics).
         latency_ms: commit wall time, only where a commit-metrics blob recorded it.
+        phases_ms: where that time went, where the commit-metrics blob recorded it.
     """
 
     version: int
@@ -231,6 +252,7 @@ class CommitRecord:
     bytes: int
     records: int | None
     latency_ms: float | None
+    phases_ms: Mapping[str, float] | None = None
 
 
 def commit_history(
@@ -289,6 +311,7 @@ def commit_history(
                 commit,
                 records=metrics.records if commit.records is None else commit.records,
                 latency_ms=metrics.duration_ms,
+                phases_ms=metrics.phases_ms,
             )
         out.append(commit)
     return out
@@ -306,9 +329,14 @@ def _record_counts(
     def count(v: int) -> int:
         key = history.changelog_key(v)
         header = read_header(blobs.get_range(key, 0, MAX_HEADER_SIZE), blob=key)
+        records, offset = header.record_count, 0
+        while header.more_parts:  # a changelog of several parts: one header read per part
+            offset += header.blob_length
+            header = read_header(blobs.get_range(key, offset, MAX_HEADER_SIZE), blob=key)
+            records += header.record_count
         if on_header is not None:
             on_header()
-        return header.record_count
+        return records
 
     with ThreadPoolExecutor(max(1, io_threads)) as pool:
         return dict(zip(versions, pool.map(count, versions), strict=True))

@@ -174,15 +174,22 @@ def test_public_names() -> None:
         "MAX_BODY_LENGTH",
         "MAX_HEADER_SIZE",
         "MAX_ITEM_LENGTH",
+        "MIN_PART_SIZE",
+        "SINGLE_PART_FORMAT",
         "Changelog",
         "ChangelogHeader",
         "ChangelogIdentity",
+        "ChangelogPart",
+        "ChangelogParts",
+        "Columns",
         "check_identity",
         "decode_changelog",
         "encode_changelog",
+        "encode_changelog_parts",
+        "read_changelog",
         "read_header",
     ]
-    assert (FORMAT_VERSION, HEADER_SIZE, cl.MAGIC) == (2, 52, b"SKCL")
+    assert (FORMAT_VERSION, cl.SINGLE_PART_FORMAT, HEADER_SIZE, cl.MAGIC) == (3, 2, 52, b"SKCL")
     assert cl.MAX_HEADER_SIZE == 52 + 2 + 3 * 256 + 4
 
 
@@ -279,11 +286,11 @@ def test_header_identity_checks() -> None:
 
 @pytest.mark.parametrize("read", [decode_changelog, read_header])
 def test_newer_format_version_is_refused(read: Callable[..., object]) -> None:
-    blob = envelope(int32(-1), count=0, fmt=3)
+    blob = envelope(int32(-1), count=0, fmt=4)
     with pytest.raises(CorruptStateError, match=re.escape(BLOB)) as info:
         read(blob, blob=BLOB)
     assert "written by a newer statekeeper" in str(info.value)
-    assert "expected <= 2, found 3" in str(info.value)
+    assert "expected <= 3, found 4" in str(info.value)
     with pytest.raises(CorruptStateError, match="unknown format version"):
         read(envelope(int32(-1), count=0, fmt=0), blob=BLOB)
 

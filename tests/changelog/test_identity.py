@@ -10,7 +10,7 @@ import google_crc32c
 import pytest
 
 from statekeeper.changelog import (
-    FORMAT_VERSION,
+    SINGLE_PART_FORMAT,
     HEADER_SIZE,
     MAX_HEADER_SIZE,
     ChangelogHeader,
@@ -55,7 +55,7 @@ def test_encoder_writes_the_documented_format_2_bytes() -> None:
     decoded = decode_changelog(golden_v2(), blob=BLOB)
     assert decoded.records == RECORDS
     header = decoded.header
-    assert (header.format_version, header.identity) == (FORMAT_VERSION, IDENTITY)
+    assert (header.format_version, header.identity) == (SINGLE_PART_FORMAT, IDENTITY)
     assert header.header_length == HEADER_SIZE + 2 + 21
     assert header.blob_length == len(golden_v2())
 

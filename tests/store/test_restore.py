@@ -55,7 +55,7 @@ def test_no_local_copy_rebuilds_by_replaying_every_changelog(
         assert dict(store.scan()) == _expected(25)
         info = store.restore_info
     assert (info.base_kind, info.base, info.changelogs_replayed) == ("empty", 0, 25)
-    fetched = sorted(key for op, key in recorder.calls if op == "get" and "changelog" in key)
+    fetched = sorted(key for op, key in recorder.calls if op == "get_range" and "changelog" in key)
     history = store_history(_backend(recorder, tmp_path / "a"), "op", 0)
     assert fetched == [history.changelog_key(v) for v in range(1, 26)]
     assert info.bytes_downloaded > 0
@@ -90,7 +90,7 @@ def test_local_copy_behind_replays_only_the_missing_changelogs(
         assert dict(store.scan()) == _expected(7)
         info = store.restore_info
     assert (info.base_kind, info.base, info.changelogs_replayed) == ("local", 4, 3)
-    fetched = sorted(key for op, key in recorder.calls if op == "get" and "changelog" in key)
+    fetched = sorted(key for op, key in recorder.calls if op == "get_range" and "changelog" in key)
     history = store_history(_backend(recorder, tmp_path / "a"), "op", 0)
     assert fetched == [history.changelog_key(v) for v in (5, 6, 7)]
 

@@ -39,6 +39,8 @@ __all__ = [
     "MAX_HEADER_SIZE",
     "MAX_UINT64",
     "MIN_RECORD_SIZE",
+    "MORE_PARTS",
+    "SINGLE_PART_FORMAT",
     "ChangelogHeader",
     "ChangelogIdentity",
     "RawHeader",
@@ -53,9 +55,14 @@ __all__ = [
 ]
 
 MAGIC: Final = b"SKCL"
-FORMAT_VERSION: Final = 2
+FORMAT_VERSION: Final = 3
+"""The newest format read and written: 3 for a changelog of several parts, 2 for one part."""
+SINGLE_PART_FORMAT: Final = 2
+"""What a changelog of one part is written as (readable by every statekeeper since 0.2)."""
 # Format 1 (statekeeper 0.1) has no identity section; it is still read.
 _ANONYMOUS_FORMAT: Final = 1
+MORE_PARTS: Final = 0x01
+"""Flag (format 3): another part follows this one in the blob."""
 # magic, format version, codec id, flags, base version, version, record count,
 # uncompressed body length, stored body length; the CRC32C follows as its own field.
 HEADER: Final = struct.Struct(">4sHBBQQQQQ")
@@ -124,6 +131,8 @@ class ChangelogHeader:
             a format-1 blob, which records none.
         header_length: bytes before the stored body: :data:`HEADER_SIZE` plus, from format
             2, the identity section.
+        more_parts: format 3 only: another part follows; record count and lengths are
+            then this part's.
     """
 
     format_version: int
@@ -135,10 +144,13 @@ class ChangelogHeader:
     stored_length: int
     identity: ChangelogIdentity | None = None
     header_length: int = HEADER_SIZE
+    more_parts: bool = False
+    """Format 3: another part follows this one (the header describes one part)."""
 
     @property
     def blob_length(self) -> int:
-        """Total length in bytes of the blob this header describes."""
+        """Total length in bytes of the blob (or, in format 3, of the part) this header
+        describes."""
         return self.header_length + self.stored_length
 
     def describe(self) -> str:
@@ -281,8 +293,9 @@ def check_header(
     if codec is None:
         known = ", ".join(f"{i} ({n})" for i, n in CODEC_NAMES.items())
         raise corrupt(blob, "unknown compression codec id", f"one of {known}", codec_id)
-    if flags != 0:
-        raise corrupt(blob, "reserved flags set", 0, flags)
+    allowed = MORE_PARTS if fmt >= FORMAT_VERSION else 0
+    if flags & ~allowed:
+        raise corrupt(blob, "reserved flags set", 0, flags & ~allowed)
     if version <= base:
         raise corrupt(blob, "version not after base version", f"> {base}", version)
     if body_length > MAX_BODY_LENGTH:
@@ -299,8 +312,9 @@ def check_header(
             blob, "stored length of an uncompressed body", f"{body_length} bytes", stored_length
         )
     return ChangelogHeader(
-        fmt, codec, base, version, count, body_length, stored_length, identity, header_length
-    )
+        fmt, codec, base, version, count, body_length, stored_length, identity, header_length,
+        more_parts=bool(flags & MORE_PARTS),
+    )  # fmt: skip
 
 
 def check_identity(

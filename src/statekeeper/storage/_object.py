@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qsl, urlsplit
 
@@ -67,6 +67,10 @@ OBJECT_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
 """URI schemes served by :class:`ObjectBlobStore`."""
 
 _NO_RETRIES: RetryConfig = {"max_retries": 0}
+STREAM_PART_BYTES = 8 * 1024 * 1024
+"""Size of each request of a multipart upload by ``put_stream`` (S3's minimum is 5 MiB)."""
+STREAM_CONCURRENCY = 4
+"""Requests of one multipart upload in flight at once."""
 _DEBUG_MARKER = "\n\nDebug source:"
 _MAX_DETAIL = 300
 _LIST_CHUNK = 1000
@@ -87,7 +91,8 @@ class ObjectBlobStore(ParallelTransfers):
     """A :class:`~statekeeper.storage.BlobStore` over an object store bucket and prefix.
 
     Create-only puts use the store's conditional write (S3 ``If-None-Match: *``), ``if_match``
-    uses ``If-Match``; every put is a single request, so a blob is never seen half written.
+    uses ``If-Match``; every put is a single request, so a blob is never seen half written;
+    ``put_stream`` is a multipart upload, also invisible until complete.
     Neither ``repr``, ``uri`` nor any error message shows credentials.
     """
 
@@ -169,6 +174,46 @@ class ObjectBlobStore(ParallelTransfers):
         put_with_retry(
             self._retry, write, lambda: self._get_once(key), data, self._describe("put", key)
         )
+
+    def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> int:
+        """Write the concatenation of ``chunks()`` at ``key`` by a multipart upload, holding
+        at most :data:`STREAM_PART_BYTES` times :data:`STREAM_CONCURRENCY` bytes of it in
+        memory; returns the bytes written.
+
+        **Not create-only**: S3, GCS and Azure cannot make a multipart upload conditional
+        (obstore performs a conditional put only as one request), so an existing blob is
+        replaced. Use it only for a key no other writer uses and whose content a retry
+        rewrites identically (a changelog's name is unique to its commit attempt). A retry
+        calls ``chunks`` again; an upload that fails for good is aborted, and one the
+        process dies in leaves parts that only the bucket's lifecycle rule for incomplete
+        multipart uploads removes.
+
+        Raises:
+            ValueError: invalid key.
+            TypeError: a chunk is not bytes-like.
+            TransientStorageError: retries exhausted on throttling, 5xx or network errors.
+            StorageError: access denied, missing bucket, other failures.
+        """
+        check_key(key)
+        written = 0
+
+        def counted() -> Iterator[bytes]:
+            nonlocal written
+            written = 0
+            for chunk in chunks():
+                check_data(chunk)
+                written += len(chunk)
+                yield chunk
+
+        def write() -> None:
+            with self._translated("put", key):
+                obstore.put(
+                    self._store, key, counted(), use_multipart=True,
+                    chunk_size=STREAM_PART_BYTES, max_concurrency=STREAM_CONCURRENCY,
+                )  # fmt: skip
+
+        call_with_retry(self._retry, write, self._describe("put", key))
+        return written
 
     def get(self, key: str) -> bytes:
         """Read a whole blob.
@@ -253,7 +298,9 @@ class ObjectBlobStore(ParallelTransfers):
         return call_with_retry(self._retry, scan, self._describe("list", prefix))
 
     def sweep_incomplete(self, older_than_s: float, *, dry_run: bool = False) -> int:
-        """Nothing to sweep: every put is one atomic request (no multipart uploads)."""
+        """Nothing to sweep: every put is one atomic request, and a multipart upload of
+        ``put_stream`` is invisible until complete (one abandoned by a dead process is the
+        bucket lifecycle rule's to remove)."""
         return 0
 
     def delete_many(self, keys: Iterable[str]) -> None:

@@ -133,6 +133,11 @@ class ParallelTransfers(abc.ABC):
     def get(self, key: str) -> bytes:
         """Read one blob (see :class:`~statekeeper.storage.BlobStore`)."""
 
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Read part of one blob (see :class:`~statekeeper.storage.BlobStore`); the backends
+        implement it."""
+        raise NotImplementedError(f"{type(self).__name__} does not read ranges")
+
     @property
     def io_threads(self) -> int:
         """Parallel transfers per bulk call."""
@@ -161,6 +166,16 @@ class ParallelTransfers(abc.ABC):
             StorageError: as ``get``, with the same ordering rule.
         """
         return self._run_all(self.get, keys)
+
+    def get_prefixes(self, keys: Sequence[str], length: int) -> list[bytes]:
+        """``get_range(key, 0, length)`` of every key in parallel; results in ``keys`` order.
+
+        Raises:
+            StateNotFoundError: a key has no blob; the first failing key in ``keys`` order
+                is raised, after all transfers ended.
+            StorageError: as ``get_range``, with the same ordering rule.
+        """
+        return self._run_all(lambda key: self.get_range(key, 0, length), keys)
 
     def close(self) -> None:
         """Shut the I/O threads down, waiting for running transfers. Idempotent.

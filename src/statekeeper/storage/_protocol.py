@@ -10,11 +10,11 @@ backends translate their own errors once.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["BlobMeta", "BlobStore"]
+__all__ = ["BlobMeta", "BlobStore", "StreamingBlobStore"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,4 +136,30 @@ class BlobStore(Protocol):
 
     def close(self) -> None:
         """Release threads and connections. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class StreamingBlobStore(Protocol):
+    """A blob store that can write a blob of any size from chunks, holding one at a time.
+
+    Both backends are; :func:`statekeeper.storage.put_stream` writes through any store
+    (one joined ``put`` for one that is not).
+    """
+
+    def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> int:
+        """Write the concatenation of ``chunks()`` at ``key`` atomically; returns its size.
+
+        ``chunks`` is called again for a retry, and must then yield the same bytes. Local
+        stores write create-only; object stores upload the parts of a multipart upload,
+        which cannot be conditional: an existing blob is replaced (see
+        :meth:`statekeeper.storage.ObjectBlobStore.put_stream`).
+
+        Raises:
+            ValueError: invalid key.
+            TypeError: a chunk is not bytes-like.
+            CommitConflictError: create-only and the key exists.
+            StorageError: the backend refused the write (``TransientStorageError`` if
+                retries ran out).
+        """
         ...

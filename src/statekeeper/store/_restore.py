@@ -8,13 +8,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from statekeeper.changelog import decode_changelog
 from statekeeper.config import StoreConfig
 from statekeeper.errors import CorruptStateError, StateNotFoundError
 from statekeeper.history import RestorePlan, StoreHistory
 from statekeeper.manifest import LEGACY_ATTEMPT
 from statekeeper.snapshot import RestoreMetrics, load_index, restore_snapshot
 from statekeeper.storage import BlobStore
+from statekeeper.store._changelogs import (
+    changelog_parts,
+    prefix_length,
+    read_prefixes,
+    replay_changelog,
+)
 from statekeeper.store._state_store import RestoreInfo
 from statekeeper.store._working_copy import WorkingCopy
 
@@ -228,27 +233,37 @@ def _replay(
     for start in range(0, len(versions), window):
         batch = versions[start : start + window]
         keys = [history.changelog_key(v) for v in batch]
+        length = prefix_length(config)  # a changelog of several parts is read part by part
         for v, key, data in zip(
-            batch, keys, _download(blobs, batch, keys, plan, history), strict=True
+            batch, keys, _download(blobs, batch, keys, plan, history, length), strict=True
         ):
-            downloaded += len(data)
             identity, legacy = history.changelog_identity(v, root_id)
-            log = decode_changelog(data, blob=key, expected=(v, identity), anonymous_ok=legacy)
-            copy.apply(log.records, version=v, root_id=root_id, attempt=history.attempt(v))
+            parts = changelog_parts(
+                blobs, key, first=data, length=length, expected=(v, identity), anonymous_ok=legacy
+            )
+            downloaded += replay_changelog(
+                copy, parts, version=v, root_id=root_id, attempt=history.attempt(v)
+            )
     copy.flush()
     return downloaded
 
 
 def _download(
-    blobs: BlobStore, versions: list[int], keys: list[str], plan: RestorePlan, history: StoreHistory
+    blobs: BlobStore,
+    versions: list[int],
+    keys: list[str],
+    plan: RestorePlan,
+    history: StoreHistory,
+    length: int,
 ) -> list[bytes]:
-    """The changelogs ``keys``; a missing one is named with its version.
+    """The first ``length`` bytes of the changelogs ``keys``; a missing one is named with
+    its version.
 
     Raises:
         StateNotFoundError: a changelog is missing.
     """
     try:
-        return blobs.get_many(keys)
+        return read_prefixes(blobs, keys, length)
     except StateNotFoundError as exc:
         missing = [(v, k) for v, k in zip(versions, keys, strict=True) if not _exists(blobs, k)]
         named = ", ".join(f"changelog {k} (version {v})" for v, k in missing) or str(exc)

@@ -13,17 +13,18 @@ manifest since: then one listing and one read more, and the decision is taken ag
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TypeVar
 
-from statekeeper import layout
-from statekeeper.changelog import ChangelogIdentity, decode_changelog, encode_changelog
+from statekeeper import _phases, layout
+from statekeeper.changelog import ChangelogIdentity, ChangelogParts, Columns, encode_changelog_parts
 from statekeeper.config import StoreConfig
 from statekeeper.errors import CommitConflictError, StateKeeperError
 from statekeeper.manifest import (
@@ -38,7 +39,8 @@ from statekeeper.manifest import (
 )
 from statekeeper.metrics import CommitMetrics, from_commit
 from statekeeper.snapshot import SnapshotMetrics
-from statekeeper.storage import BlobStore
+from statekeeper.storage import BlobStore, put_stream
+from statekeeper.store._changelogs import changelog_parts, prefix_length
 from statekeeper.store._snapshots import SnapshotJob, Snapshotter, write_metrics_quietly
 from statekeeper.store._working_copy import DamagedCopyError, WorkingCopy
 
@@ -69,6 +71,13 @@ class CommitInfo:
     """True if this commit is a snapshot (``mode="snapshot"``)."""
     snapshot_scheduled: bool = False
     """True if a background snapshot of this version was scheduled."""
+    phases_ms: Mapping[str, float] = field(default_factory=dict)
+    """Where ``duration_s`` went, in milliseconds, by phase: ``encode`` (sorting and
+    framing the changes), ``compress``, ``checksum``, ``upload`` (blob-store writes of the
+    changelog and the manifest, their fsyncs excluded), ``fsync`` (local root only),
+    ``apply`` (the RocksDB write of the working copy), ``metrics`` (writing buffered
+    commit metrics, every ``metrics_every`` commits) and ``other`` (the rest). A
+    snapshot-mode commit reports ``snapshot`` for its upload."""
 
 
 @dataclass(frozen=True)
@@ -269,6 +278,9 @@ class StateStore:
         if len(value) > _MAX_LEN:
             raise ValueError(f"value must be shorter than 2 GiB, got {len(value)} bytes")
         self._pending[key] = value
+        # Changes after a failed commit make a new attempt: the failed one's blobs may
+        # have landed, and must never be taken for these changes.
+        self._attempt = None
 
     def delete(self, key: bytes) -> None:
         """Remove ``key`` (a no-op for a key that does not exist).
@@ -279,6 +291,7 @@ class StateStore:
         """
         self._check_open()
         self._pending[_as_key(key)] = None
+        self._attempt = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -293,7 +306,8 @@ class StateStore:
         an attempt of the same order committed it with other content (one of the same
         content, a re-run, is accepted). If the upload fails with a storage error nothing
         changes locally and, in changelog mode, ``commit`` may be called again (the same
-        attempt). Every ``snapshot_every`` versions a snapshot is scheduled in the
+        attempt, unless writes were made in between). :attr:`CommitInfo.phases_ms` says
+        where the time went. Every ``snapshot_every`` versions a snapshot is scheduled in the
         background. In snapshot mode the commit is an incremental snapshot.
 
         Raises:
@@ -304,19 +318,48 @@ class StateStore:
             StateKeeperError: the store is closed or failed.
         """
         self._check_open()
-        started = time.perf_counter()
+        started = time.perf_counter_ns()
         order = PLAIN_ORDER if order is None else _check_order(order)
-        records = sorted(self._pending.items())
+        with _phases.measure() as phases:
+            info = self._commit(order, started)
+            elapsed = time.perf_counter_ns() - started
+            info = dataclasses.replace(info, phases_ms=_phases_ms(phases, elapsed))
+            self._metrics.append(
+                from_commit(
+                    info.version, info.duration_s, info.bytes_uploaded, info.puts + info.deletes,
+                    phases_ms=info.phases_ms,
+                )
+            )  # fmt: skip
+            if self._job is not None and info.snapshot_scheduled:
+                self._job.metrics, self._metrics = self._metrics, []  # written in the background
+            elif len(self._metrics) >= self._config.metrics_every:
+                with _phases.phase("metrics"):
+                    self._write_metrics()
+        elapsed = time.perf_counter_ns() - started
+        info = dataclasses.replace(
+            info, duration_s=elapsed / 1e9, phases_ms=_phases_ms(phases, elapsed)
+        )
+        _log.debug("committed %s", info)
+        return info
+
+    def _commit(self, order: Order, started: int) -> CommitInfo:
+        with _phases.phase("encode"):
+            pending = self._pending
+            keys = sorted(pending)
+            values = list(map(pending.__getitem__, keys))
+            records = list(zip(keys, values, strict=True))
         if self._attempt is None:
             self._attempt = uuid.uuid4().hex
         if self._before_commit is not None:
             self._before_commit()  # a format-1 root is upgraded before its first manifest
             self._before_commit = None
         try:
+            columns = Columns.trusted(keys, values)
             if self._config.mode == "snapshot":
-                key, uploaded = self._commit_snapshot(records, order)
+                with _phases.phase("snapshot"):
+                    key, uploaded = self._commit_snapshot(records, order)
             else:
-                key, uploaded = self._commit_changelog(records, order)
+                key, uploaded = self._commit_changelog(records, columns, order)
         except CommitConflictError as exc:
             self._state = _State.FAILED
             raise CommitConflictError(
@@ -327,29 +370,20 @@ class StateStore:
         self._pending = {}
         self._attempt = None
         scheduled = self._maybe_schedule_snapshot()
-        deletes = sum(1 for _, v in records if v is None)
-        info = CommitInfo(
+        deletes = values.count(None)
+        return CommitInfo(
             operator=self._operator,
             partition=self._partition,
             version=self._version,
             puts=len(records) - deletes,
             deletes=deletes,
-            raw_bytes=sum(len(k) + (0 if v is None else len(v)) for k, v in records),
+            raw_bytes=columns.raw_length(0, len(columns)),
             bytes_uploaded=uploaded,
-            duration_s=time.perf_counter() - started,
+            duration_s=(time.perf_counter_ns() - started) / 1e9,
             blob=key,
             snapshot=self._config.mode == "snapshot",
             snapshot_scheduled=scheduled,
         )
-        self._metrics.append(
-            from_commit(info.version, info.duration_s, info.bytes_uploaded, len(records))
-        )
-        if self._job is not None and scheduled:
-            self._job.metrics, self._metrics = self._metrics, []  # written in the background
-        elif len(self._metrics) >= self._config.metrics_every:
-            self._write_metrics()
-        _log.debug("committed %s", info)
-        return info
 
     def _write_metrics(self) -> None:
         """Write buffered commit metrics, best effort: they are never state."""
@@ -357,7 +391,7 @@ class StateStore:
         write_metrics_quietly(self._blobs, self._operator, self._partition, metrics)
 
     def _commit_changelog(
-        self, records: list[tuple[bytes, bytes | None]], order: Order
+        self, records: list[tuple[bytes, bytes | None]], columns: Columns, order: Order
     ) -> tuple[str, int]:
         new_version = self._version + 1
         attempt = self._attempt
@@ -366,23 +400,53 @@ class StateStore:
         if adopted is not None:
             self._apply_locally(records, new_version, adopted)
             return self._manifest.entry(new_version).blob, 0  # type: ignore[union-attr]
-        blob = encode_changelog(
-            records,
-            base_version=self._version,
-            version=new_version,
-            compression=self._config.compression,
-            level=self._config.compression_level,
-            identity=ChangelogIdentity(self._root_id, self._operator, self._partition, attempt),
-        )
+
+        def encode() -> ChangelogParts:
+            return encode_changelog_parts(
+                columns,
+                base_version=self._version,
+                version=new_version,
+                compression=self._config.compression,
+                level=self._config.compression_level,
+                identity=ChangelogIdentity(self._root_id, self._operator, self._partition, attempt),
+                part_size=self._config.changelog_part_bytes,
+            )
+
         key = layout.attempt_changelog_key(self._operator, self._partition, new_version, attempt)
         try:
-            self._blobs.put(key, blob)
+            size = self._upload_changelog(key, encode)
         except CommitConflictError:
-            # The name is this attempt's own: an earlier try of this commit wrote it.
+            # The name is this attempt's own: an earlier try of this commit wrote it (the
+            # same changes: any change since makes a new attempt).
             _log.info("changelog %s was written by an earlier try of this commit", key)
-        adopted = self._publish(new_version, attempt, order, "changelog", key, records)
+            size = 0
+        with _phases.phase("upload"):
+            adopted = self._publish(new_version, attempt, order, "changelog", key, records)
         self._apply_locally(records, new_version, adopted or attempt)
-        return key, len(blob)
+        return key, size
+
+    def _upload_changelog(self, key: str, encode: Callable[[], ChangelogParts]) -> int:
+        """Write the changelog ``encode`` makes at ``key``: one ``put`` for one part (nearly
+        every commit), else streamed a part at a time (one part in memory, not the whole).
+
+        Raises:
+            CommitConflictError: the blob exists.
+            StorageError: the upload failed.
+        """
+        parts = encode()
+        if parts.count == 1:
+            blob = next(parts)
+            with _phases.phase("upload"):
+                self._blobs.put(key, blob)
+            return len(blob)
+        first: list[ChangelogParts] = [parts]
+
+        def chunks() -> ChangelogParts:
+            # The parts already made go first; a retry of the upload encodes them again.
+            return first.pop() if first else encode()
+
+        with _phases.phase("upload"):
+            return put_stream(self._blobs, key, chunks)
 
     def _apply_locally(
         self, records: list[tuple[bytes, bytes | None]], version: int, attempt: str
@@ -395,10 +459,11 @@ class StateStore:
                 commit is durable all the same; the store is failed and its copy released.
         """
         try:
-            self._copy.apply(
-                records, version=version, root_id=self._root_id, attempt=attempt, undo=True
-            )
-            self._copy.flush_if_due()
+            with _phases.phase("apply"):
+                self._copy.apply(
+                    records, version=version, root_id=self._root_id, attempt=attempt, undo=True
+                )
+                self._copy.flush_if_due()
         except StateKeeperError as exc:
             raise self._local_failure(version, attempt, exc, committed=True) from exc
 
@@ -542,10 +607,20 @@ class StateStore:
             return None
         if entry.parent_attempt != self._copy.attempt:
             return None
-        existing = decode_changelog(self._blobs.get(entry.blob), blob=entry.blob)
-        if existing.header.base_version != version - 1 or existing.records != records:
+        key = entry.blob
+        length = prefix_length(self._config)
+        first = self._blobs.get_range(key, 0, length)
+        parts = changelog_parts(self._blobs, key, first=first, length=length)
+        done = 0
+        for part in parts:  # a part at a time: the blob may be larger than memory allows
+            if part.header.base_version != version - 1:
+                return None
+            if part.records != records[done : done + len(part.records)]:
+                return None
+            done += len(part.records)
+        if done != len(records):
             return None
-        _log.info("version %s already committed with identical content: accepted", entry.blob)
+        _log.info("version %s already committed with identical content: accepted", key)
         return entry.attempt
 
     def _maybe_schedule_snapshot(self) -> bool:
@@ -577,21 +652,6 @@ class StateStore:
         metrics = self._snapshotter.run(job)
         self._last_snapshot = self._version
         return metrics
-
-    def _upload(self, key: str, blob: bytes, records: list[tuple[bytes, bytes | None]]) -> None:
-        try:
-            self._blobs.put(key, blob)
-        except CommitConflictError as exc:
-            existing = decode_changelog(self._blobs.get(key), blob=key)
-            if existing.header.base_version == self._version and existing.records == records:
-                _log.info("version %s already committed with identical content: accepted", key)
-                return
-            self._state = _State.FAILED
-            raise CommitConflictError(
-                f"version {self._version + 1} of store {self._operator}/{self._partition} "
-                f"was already committed by another writer with different content ({key}); "
-                "this commit was not applied: reopen the store to continue from there"
-            ) from exc
 
     def abort(self) -> None:
         """Drop the uncommitted writes; the store stays open at its version.
@@ -632,6 +692,13 @@ class StateStore:
                 f"{self!r} cannot be used: it is {self._state.value}"
                 + ("; reopen it from the backend" if self._state is _State.FAILED else "")
             )
+
+
+def _phases_ms(phases: dict[str, int], elapsed_ns: int) -> dict[str, float]:
+    """Phase totals in milliseconds, with ``other`` for the time no phase claimed."""
+    out = {name: round(ns / 1e6, 3) for name, ns in sorted(phases.items())}
+    out["other"] = round(max(elapsed_ns - sum(phases.values()), 0) / 1e6, 3)
+    return out
 
 
 def _check_order(order: object) -> Order:
