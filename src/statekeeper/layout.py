@@ -17,6 +17,8 @@ __all__ = [
     "epochs_prefix",
     "file_blob_key",
     "files_prefix",
+    "initial_state_key",
+    "initial_state_prefix",
     "metrics_key",
     "metrics_prefix",
     "operator_prefix",
@@ -46,6 +48,7 @@ _CHANGELOG_SUFFIX = ".changelog"
 _INDEX_SUFFIX = ".index.json"
 _EPOCHS = "_epochs/"
 _REPORTS = "_reports/"
+_INITIAL = "_initial/"
 _DIGITS = 20
 
 
@@ -343,3 +346,14 @@ def _parse_digits(name: str, suffix: str) -> int | None:
     if len(digits) != _DIGITS or not digits.isdigit():
         return None
     return int(digits)
+
+
+def initial_state_prefix(operator: str) -> str:
+    """Prefix of the staged initial-state blobs of ``operator`` (read by its batch 0 only)."""
+    return f"{_INITIAL}{validate_operator(operator)}/"
+
+
+def initial_state_key(operator: str, generation: int, partition: int, attempt: str) -> str:
+    """Key of one partition's staged initial rows (Arrow IPC), staged by run ``generation``."""
+    head = f"{initial_state_prefix(operator)}{validate_version(generation):0{_DIGITS}d}/"
+    return f"{head}{validate_partition(partition):06d}-{validate_attempt(attempt)}.arrow"

@@ -403,3 +403,86 @@ def test_processing_time_timers_agree_with_spark_where_deterministic(
     assert relative(spark_timers, spark_armed) == [
         ("p", "hour"), ("q", "hour"), ("r", "hour"), ("s", "hour"), ("s", "next")
     ]  # fmt: skip
+
+
+# -- initial state ------------------------------------------------------------------------------
+
+SEED_OUT = "k string, n long, seed long"
+SEED_STATE = "n long, seed long"
+# a: two initial rows and input in batch 0; b: input from batch 1; c: input in batch 2;
+# d: input only; e: initial only
+INITIAL_ROWS = [("a", 10), ("b", 5), ("c", 7), ("a", 1), ("e", 100)]
+SEED_BATCHES = [[("a", 1), ("d", 1)], [("b", 2), ("a", 3)], [("c", 5)]]
+
+
+class SparkSeeded(SparkProcessor):
+    """A count of input rows, seeded with the sum of the key's initial ``v``: Spark's Row
+    form calls ``handleInitialState`` once per initial row."""
+
+    def init(self, handle: Any) -> None:
+        self.state = handle.getValueState("count", SEED_STATE)
+
+    def handleInitialState(self, key: Any, initialState: Any, timerValues: Any) -> None:
+        n, seed = self.state.get() or (0, 0)
+        self.state.update((n, seed + initialState.v))
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Any]:
+        n, seed = self.state.get() or (0, 0)
+        n += sum(1 for _ in rows)
+        self.state.update((n, seed))
+        yield Row(k=key[0], n=n, seed=seed)
+
+    def close(self) -> None:
+        pass
+
+
+class SkSeeded(StatefulProcessor):
+    """The same on statekeeper: ``handle_initial_state`` gets all of a key's initial rows."""
+
+    rows = "row"
+
+    def init(self, handle: Any) -> None:
+        self.state = handle.value_state("count")
+
+    def handle_initial_state(self, key: Any, rows: Any, timer_values: Any) -> None:
+        n, seed = self.state.get() or (0, 0)
+        self.state.update((n, seed + sum(r.v for r in rows)))
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        n, seed = self.state.get() or (0, 0)
+        n += len(rows)
+        self.state.update((n, seed))
+        yield (key[0], n, seed)
+
+
+def test_initial_state_agrees_with_spark_batch_by_batch(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    _write(tmp_path / "in", SEED_BATCHES)
+    initial = spark.createDataFrame(INITIAL_ROWS, "k string, v long")
+
+    def spark_plan() -> DataFrame:
+        return (
+            _stream(spark, tmp_path / "in")
+            .groupBy("k")
+            .transformWithState(
+                SparkSeeded(), SEED_OUT, "Append", "None", initialState=initial.groupBy("k")
+            )
+        )
+
+    theirs = _spark_tws(spark, tmp_path, "spark", spark_plan)
+    ours_df = transform_with_state(
+        _stream(spark, tmp_path / "in"), keys="k", processor=SkSeeded(), output_schema=SEED_OUT,
+        checkpoint=str(tmp_path / "root"), name="ops", partitions=3, initial_state=initial,
+        config=StoreConfig(local_dir=str(tmp_path / "local")),
+    )  # fmt: skip
+    ours = _run(ours_df, tmp_path, "sk")
+
+    assert sorted(theirs) == sorted(ours) == [0, 1, 2]
+    for b in range(3):
+        assert ours[b] == theirs[b], f"micro-batch {b}"
+    assert theirs[0] == Counter({("a", 1, 11): 1, ("d", 1, 0): 1})
+    spark_values = _spark_state(spark, tmp_path / "cp-spark", "count")
+    sk_values, _ = _sk_state(spark, tmp_path / "root")
+    assert {k: tuple(v) for k, v in sk_values.items()} == spark_values
+    assert spark_values == {"a": (2, 11), "b": (1, 5), "c": (1, 7), "d": (1, 0), "e": (0, 100)}

@@ -41,6 +41,7 @@ costs no shuffle bytes; it reaches the Python worker as one constant column.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import time
@@ -58,15 +59,23 @@ from statekeeper import layout
 from statekeeper.config import StoreConfig
 from statekeeper.errors import CommitConflictError, StateKeeperError
 from statekeeper.keyed import StatefulProcessor
+from statekeeper.keyed._processor import handles_initial_state
 from statekeeper.spark._cache import CACHE, StoreSpec
 from statekeeper.spark._listener import register_operator
 from statekeeper.spark._partition import (
     KEY_GROUP_COLUMN,
     PART_COLUMN,
+    STAGED_SCHEMA,
     TS_COLUMN,
     Partitioning,
+    Staged,
+    batch_zero_done,
     collect,
+    key_group_of,
     peek_partition,
+    read_staged,
+    stage_initial,
+    target_partition,
 )
 from statekeeper.spark._reports import TaskIdentity, report_task
 from statekeeper.spark._runner import ArrowFunction, RunStats, run_arrow, run_processor
@@ -115,6 +124,8 @@ class _TaskSpec:
     """The operator's key groups as the root records them (``None``: a 0.1 operator)."""
     time: TimeSpec = _NO_TIME
     """The operator's time mode and event time."""
+    initial: tuple[Staged, ...] | None = None
+    """The staged initial state, per partition that has rows (``None``: none to apply)."""
 
     @property
     def partitioning(self) -> Partitioning:
@@ -140,6 +151,7 @@ def transform_with_state(
     time_mode: str | None = None,
     event_time_column: str | None = None,
     watermark_delay: float | dt.timedelta = 0,
+    initial_state: DataFrame | None = None,
 ) -> DataFrame:
     """Run ``processor`` per key of a streaming DataFrame, with state in ``checkpoint``.
 
@@ -164,6 +176,25 @@ def transform_with_state(
     and output. A source that idles therefore delays timers: a query that must fire them on
     time needs input that keeps arriving.
 
+    **TTL on event time** (statekeeper's own; Spark's TTL is processing time only): a state
+    declared with ``ttl=..., ttl_on="event_time"`` in an operator with
+    ``time_mode="event_time"`` stamps each write with the largest event time seen so far and
+    expires the entry once the watermark reaches that stamp plus the ttl, in every
+    partition, with or without input (see :mod:`statekeeper.keyed._handles`); elsewhere the
+    declaration fails the batch with a ``ValueError`` before anything is committed.
+
+    **Initial state** (after Spark's ``transformWithState(..., initialState=...)``):
+    ``initial_state`` is a batch DataFrame holding the key columns (of the same types as in
+    ``df``; other columns are free). In micro-batch 0, and only there, each partition calls
+    ``processor.handle_initial_state(key, rows, timer_values)`` once per key of its initial
+    rows, before any input (in the processor's row form; see
+    :meth:`StatefulProcessor.handle_initial_state`). A restart of the query at a later batch
+    does not apply it again (as Spark's), and a re-run of batch 0 starts again from the
+    empty version 0, so the committed state holds it once. The rows are routed to their
+    partitions by a batch job run by this call and staged in the root under ``_initial/``
+    (Spark cannot join a batch DataFrame into a stream otherwise); once batch 1 is committed
+    in every partition, a later call skips the job and deletes the staged rows.
+
     Args:
         df: a streaming DataFrame.
         keys: the grouping key column(s).
@@ -178,6 +209,7 @@ def transform_with_state(
         time_mode: ``None`` (no timers), ``"processing_time"`` or ``"event_time"``.
         event_time_column: with ``"event_time"``, a timestamp column of ``df``.
         watermark_delay: seconds (or a timedelta) the watermark trails the event time.
+        initial_state: a batch DataFrame of initial rows, applied in micro-batch 0.
 
     Returns:
         A streaming DataFrame of ``output_schema``, usable with any sink.
@@ -185,8 +217,9 @@ def transform_with_state(
     Raises:
         ValueError: ``df`` is not streaming, a key column is missing or of an unsupported
             type, the event-time column is missing or not a timestamp, a negative delay, a
-            processor with ``handle_expired_timer`` and no time mode, or an argument is
-            malformed.
+            processor with ``handle_expired_timer`` and no time mode, an initial state that
+            is streaming, lacks a key column or has it with another type, or is given to a
+            processor without ``handle_initial_state``, or an argument is malformed.
         TypeError: an argument has the wrong type.
         ConfigMismatchError: the root records another partition count for ``name``, or a
             time mode is asked of an operator of statekeeper 0.1.
@@ -200,10 +233,14 @@ def transform_with_state(
     schema = _output_struct(output_schema)
     timing = time_spec(df, time_mode, event_time_column, watermark_delay)
     refuse_unused_timers(processor, timing.time_mode)
+    if initial_state is not None:
+        _check_initial(df, initial_state, key_names, processor)
     spec = _prepare(
         df, key_names, schema, checkpoint, name, partitions, config, storage_options,
         lock_timeout_s, ts_column=TS_COLUMN, timing=timing,
     )  # fmt: skip
+    if initial_state is not None:
+        spec = _with_initial(spec, initial_state)
     task = functools.partial(_rows_task, spec, processor)
     if timing.time_mode is None:
         return _plan(df, key_names, spec.partitioning, task, schema, with_ts=True)
@@ -272,12 +309,10 @@ def _plan(
         # Evaluated after the exchange: not shuffled.
         tagged = shuffled.withColumn(PART_COLUMN, F.pmod(F.hash(*keys), F.lit(partitions)))
     else:
-        grouped = df.withColumn(KEY_GROUP_COLUMN, F.pmod(F.hash(*keys), F.lit(groups)))
+        grouped = df.withColumn(KEY_GROUP_COLUMN, key_group_of(key_names, groups))
         if before is not None:
             grouped = before(grouped)
-        # kg * P < 2^31 since P <= G <= 65280
-        target = F.expr(f"CAST((`{KEY_GROUP_COLUMN}` * {partitions}) div {groups} AS INT)")
-        tagged = grouped.repartitionById(partitions, target)
+        tagged = grouped.repartitionById(partitions, target_partition(partitioning))
     if with_ts:
         tagged = tagged.withColumn(TS_COLUMN, F.current_timestamp())
     out = tagged.mapInArrow(task, schema)
@@ -384,6 +419,64 @@ def _prepare(
     )  # fmt: skip
 
 
+def _check_initial(
+    df: DataFrame, initial: DataFrame, key_names: list[str], processor: StatefulProcessor
+) -> None:
+    """Refuse an initial state that cannot be applied, before any state is touched.
+
+    Raises:
+        TypeError: not a DataFrame.
+        ValueError: streaming, a key column missing or of another type than in ``df``, a
+            reserved column, or a processor without ``handle_initial_state``.
+    """
+    if not isinstance(initial, DataFrame):
+        raise TypeError(f"initial_state must be a pyspark DataFrame, got {type(initial).__name__}")
+    if initial.isStreaming:
+        raise ValueError(
+            "initial_state must be a batch DataFrame (spark.read, createDataFrame), got a "
+            "streaming one: it is read once, for micro-batch 0"
+        )
+    if not handles_initial_state(processor):
+        raise ValueError(
+            f"initial_state was given, but {type(processor).__name__} does not define "
+            "handle_initial_state: nothing would apply it"
+        )
+    fields = {f.name: f.dataType for f in initial.schema.fields}
+    expected = {k: df.schema[k].dataType for k in key_names}
+    wrong = {k: fields.get(k) for k, t in expected.items() if fields.get(k) != t}
+    if wrong:
+        shown = ", ".join(
+            f"{k} {expected[k].simpleString()} (found {'none' if t is None else t.simpleString()})"
+            for k, t in wrong.items()
+        )
+        raise ValueError(
+            f"initial_state must hold the key columns with the input's types, so that each "
+            f"key reaches the partition that owns it: expected {shown}; its columns are "
+            f"{list(fields)}"
+        )
+    reserved = [c for c in _RESERVED if c in fields]
+    if reserved:
+        raise ValueError(f"initial_state columns {reserved} are reserved by statekeeper")
+
+
+def _with_initial(spec: _TaskSpec, initial: DataFrame) -> _TaskSpec:
+    """``spec`` with the initial state staged for micro-batch 0, unless batch 0 can no longer
+    run (then what earlier runs staged is deleted, and nothing is staged)."""
+    store = spec.store
+    blobs = open_blob_store(store.root, dict(store.storage_options))
+    with StateBackend(blobs, config=store.config) as backend:
+        if batch_zero_done(backend, store.operator, store.partitions):
+            blobs.delete_many(
+                [m.key for m in blobs.list(layout.initial_state_prefix(store.operator))]
+            )
+            return spec
+    schema = _arrow_schema(initial.sparkSession, _output_struct(STAGED_SCHEMA))
+    staged = stage_initial(
+        initial, list(spec.keys), spec.partitioning, store, spec.generation, schema
+    )
+    return dataclasses.replace(spec, initial=staged)
+
+
 def _refuse_speculation(spark: SparkSession) -> None:
     """Speculative tasks are two live attempts of one partition: refuse them.
 
@@ -470,11 +563,12 @@ def _rows_task(spec: _TaskSpec, processor: StatefulProcessor, batches: Any) -> I
     lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id)
     stats = RunStats()
     try:
+        initial = _initial_rows(lease, spec, ctx)
         yield from run_processor(
             lease.store, processor, table, keys=spec.keys, output_schema=spec.output_schema,
             operator=spec.store.operator, batch_id=ctx.batch_id, partition=ctx.partition,
             now_ms=now_ms, key_schema=spec.key_schema, stats=stats, key_groups=spec.key_groups,
-            time=spec.time, batch=batch,
+            time=spec.time, batch=batch, initial=initial,
         )  # fmt: skip
         info = _commit(lease.store, spec, ctx)
     except BaseException:
@@ -482,6 +576,15 @@ def _rows_task(spec: _TaskSpec, processor: StatefulProcessor, batches: Any) -> I
         raise
     CACHE.release(lease, ok=True)
     report_task(lease, info, stats, ctx, time.perf_counter() - started)
+
+
+def _initial_rows(lease: Any, spec: _TaskSpec, ctx: TaskIdentity) -> Any:
+    """This partition's staged initial rows in micro-batch 0 (every attempt reads them
+    again: a re-run starts from version 0); ``None`` otherwise."""
+    if spec.initial is None or ctx.batch_id != 0:
+        return None
+    mine = [s for s in spec.initial if s.partition == ctx.partition]
+    return read_staged(lease.entry.backend.blobs, mine[0]) if mine else None
 
 
 def _arrow_task(spec: _TaskSpec, fn: ArrowFunction, batches: Any) -> Iterator[Any]:
