@@ -169,3 +169,37 @@ def test_bad_time_arguments_fail_before_any_state() -> None:
         with pytest.raises(TypeError, match="must be a timestamp, found int64"):
             t.run([{"k": "a", "ts": 5}])
         assert t.batch_id == 0
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_due_reads_the_index_in_expiry_order_up_to_the_clock(tmp_path: Path, grouped: bool) -> None:
+    """``Timers.due`` returns every timer at or before the clock, in order of expiry then key
+    group and key, with the group prefix and key split as registered; it sees the batch's own
+    registrations and deletions before the commit, and the same after it."""
+    from statekeeper import StateBackend, StoreConfig
+    from statekeeper.keyed import encode_key, group_prefix
+    from statekeeper.keyed._timers import Timers
+
+    group = (lambda g: group_prefix(g)) if grouped else (lambda g: b"")
+    config = StoreConfig(local_dir=str(tmp_path / "local"))
+    with (
+        StateBackend(str(tmp_path / "root"), config=config) as backend,
+        backend.open("t", 0, partitions=1) as store,
+    ):
+        timers = Timers(store, grouped=grouped)
+        a, b, c = (encode_key((k,)) for k in ("a", "b", "c"))
+        for g, key, at in [(7, c, 30), (2, b, 20), (2, a, 20), (1, c, 10), (3, a, 40)]:
+            timers.register(group(g), key, at)
+        timers.register(group(1), c, 10)  # twice: one timer
+        store.commit()
+        timers.delete(group(2), b, 20)
+        timers.register(group(0), b, 30)
+        expected = [(10, group(1), c), (20, group(2), a), (30, group(0), b), (30, group(7), c)]
+        assert timers.due(30) == expected
+        assert timers.due(29) == expected[:2]
+        assert timers.due(9) == []
+        store.commit()
+        assert timers.due(30) == expected
+        assert timers.due(2**64 - 1) == [*expected, (40, group(3), a)]
+        # without key groups a key's timers are all of its timers
+        assert timers.of_key(group(3), a) == ([40] if grouped else [20, 40])

@@ -185,15 +185,15 @@ class Timers:
         """Every timer at or before ``upto_ms`` as (expiry, group prefix, key), in order of
         expiry then key; reads the index only up to the first timer not due."""
         found: list[tuple[int, bytes, bytes]] = []
-        start = len(self._index)
-        grouped = len(self._index) > 1
+        at = len(self._index)
+        group_at = at + U64.size
+        key_at = group_at + (KEY_GROUP.size if len(self._index) > 1 else 0)
+        unpack = U64.unpack_from
         for index_key, _ in self._store.scan(self._index):
-            expiry = U64.unpack_from(index_key, start)[0]
+            expiry = unpack(index_key, at)[0]
             if expiry > upto_ms:
                 break
-            rest = index_key[start + U64.size :]
-            split = KEY_GROUP.size if grouped else 0
-            found.append((expiry, rest[:split], rest[split:]))
+            found.append((expiry, index_key[group_at:key_at], index_key[key_at:]))
         return found
 
 
