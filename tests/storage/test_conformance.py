@@ -14,7 +14,15 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from statekeeper.errors import CommitConflictError, StateNotFoundError
-from statekeeper.storage import BlobMeta, BlobStore, RetryPolicy, open_blob_store
+from statekeeper.storage import (
+    BlobMeta,
+    BlobStore,
+    RetryPolicy,
+    StreamingBlobStore,
+    open_blob_store,
+    put_stream,
+)
+from statekeeper.storage._object import STREAM_PART_BYTES
 from statekeeper.storage._parallel import ParallelTransfers
 
 FAST_RETRY = RetryPolicy(max_attempts=3, base_delay_s=0.001, max_delay_s=0.01)
@@ -357,6 +365,34 @@ class BlobStoreConformance:
             store.put_many([("fine", b"x"), (key, b"x")])
         assert keys_of(store.list()) == ["fine"]  # put_many attempted the valid item
 
+    # -- put_stream ---------------------------------------------------------------------------
+
+    def test_put_stream_writes_the_chunks_in_order(self, store: BlobStore) -> None:
+        # Larger than one request of an object store's multipart upload: several parts.
+        chunks = [os.urandom(1024 * 1024) for _ in range(STREAM_PART_BYTES // 2**20 + 3)]
+        calls = []
+
+        def chunk_source() -> Iterator[bytes]:
+            calls.append(1)
+            return iter(chunks)
+
+        assert isinstance(store, StreamingBlobStore)
+        written = put_stream(store, "s/big", chunk_source)
+        data = b"".join(chunks)
+        assert (written, len(calls)) == (len(data), 1)
+        assert store.get("s/big") == data
+        assert store.head("s/big").size == len(data)
+        assert keys_of(store.list("s/")) == ["s/big"]  # no temporary or part blob is listed
+
+    def test_put_stream_of_nothing_is_an_empty_blob(self, store: BlobStore) -> None:
+        assert put_stream(store, "s/empty", lambda: iter([])) == 0
+        assert store.get("s/empty") == b""
+
+    def test_put_stream_refuses_non_bytes_chunks(self, store: BlobStore) -> None:
+        with pytest.raises(TypeError, match="bytes"):
+            put_stream(store, "s/t", lambda: iter([b"ok", "text"]))  # type: ignore[list-item]
+        assert store.list("s/") == []
+
     def test_non_bytes_data_is_refused(self, store: BlobStore) -> None:
         with pytest.raises(TypeError, match="bytes"):
             store.put("t/k", "text")  # type: ignore[arg-type]
@@ -367,6 +403,13 @@ class TestLocal(BlobStoreConformance):
     @pytest.fixture
     def root(self, local_root: tuple[str, dict[str, str]]) -> tuple[str, dict[str, str]]:
         return local_root
+
+    def test_put_stream_is_create_only(self, store: BlobStore) -> None:
+        store.put("s/k", b"original")
+        with pytest.raises(CommitConflictError, match="s/k"):
+            put_stream(store, "s/k", lambda: iter([b"intruder"]))
+        assert store.get("s/k") == b"original"
+        assert store.sweep_incomplete(0.0, dry_run=True) == 0  # its temp file is gone
 
 
 @pytest.mark.s3
@@ -381,6 +424,24 @@ class TestGcs(BlobStoreConformance):
     @pytest.fixture
     def root(self, gcs_root: tuple[str, dict[str, str]]) -> tuple[str, dict[str, str]]:
         return gcs_root
+
+    # obstore uploads to GCS in parts through its XML multipart API, which the emulator
+    # (fake-gcs-server) answers with 400 "invalid uploadType"; real GCS implements it.
+    _NO_XML_MULTIPART = pytest.mark.xfail(
+        strict=True, reason="fake-gcs-server has no XML multipart upload"
+    )
+
+    @_NO_XML_MULTIPART
+    def test_put_stream_writes_the_chunks_in_order(self, store: BlobStore) -> None:
+        super().test_put_stream_writes_the_chunks_in_order(store)
+
+    @_NO_XML_MULTIPART
+    def test_put_stream_of_nothing_is_an_empty_blob(self, store: BlobStore) -> None:
+        super().test_put_stream_of_nothing_is_an_empty_blob(store)
+
+    @_NO_XML_MULTIPART
+    def test_put_stream_refuses_non_bytes_chunks(self, store: BlobStore) -> None:
+        super().test_put_stream_refuses_non_bytes_chunks(store)
 
 
 @pytest.mark.azure
