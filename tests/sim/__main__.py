@@ -1,19 +1,21 @@
 """Command line: replay one seed, or soak many seeds of every scenario.
 
 .venv/bin/python -m tests.sim --scenario changelog_writer --seed 123456 [--trace]
-.venv/bin/python -m tests.sim --soak 1000 [--first 0] [--scenario NAME ...]
+.venv/bin/python -m tests.sim --soak 1000 [--first 0] [--scenario NAME ...] [--jobs N]
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
 import sys
 import time
 import traceback
 
-from tests.sim.runner import RunResult, repro, run_seed
+from tests.sim.parallel import SeedPool
+from tests.sim.runner import repro, run_seed
 from tests.sim.scenarios import SCENARIOS, Scenario
 
 
@@ -35,31 +37,30 @@ def _replay(scenario: Scenario, seed: int, show_trace: bool, keep: bool) -> int:
     return 1
 
 
-def _soak(scenarios: list[Scenario], seeds: int, first: int, show: int) -> int:
-    print(f"soak: {seeds} seeds from {first} of {len(scenarios)} scenarios")
+def _soak(scenarios: list[Scenario], seeds: int, first: int, show: int, jobs: int, log: str) -> int:
+    print(f"soak: {seeds} seeds from {first} of {len(scenarios)} scenarios, {jobs} process(es)")
     header = f"{'scenario':36s} {'seeds':>6s} {'steps':>7s} {'crashes':>8s} {'errors':>7s}"
     print(f"{header} {'failures':>9s} {'time':>7s}")
     worst = 0
-    for scenario in scenarios:
-        started = time.monotonic()
-        failed: list[RunResult] = []
-        steps = crashes = errors = 0
-        for seed in range(first, first + seeds):
-            result = run_seed(scenario, seed)
-            steps, crashes = steps + result.steps, crashes + result.crashes
-            errors += result.errors
-            if result.failure is not None:
-                failed.append(result)
-        print(
-            f"{scenario.name:36s} {seeds:6d} {steps:7d} {crashes:8d} {errors:7d} "
-            f"{len(failed):9d} {time.monotonic() - started:6.1f}s",
-            flush=True,
-        )
-        for result in failed[:show]:
-            first_line = str(result.failure).splitlines()[0][:300]
-            print(f"    {repro(scenario.name, result.seed)}   # {first_line}")
-        if failed:
-            worst = 1
+    started = time.monotonic()
+    with SeedPool(jobs, log_level=log) as pool:
+        batches = [pool.submit(s, range(first, first + seeds)) for s in scenarios]
+        for batch in batches:
+            outcomes = list(batch.outcomes())
+            failed = [o for o in outcomes if o.failure is not None]
+            print(
+                f"{batch.scenario.name:36s} {seeds:6d} {sum(o.steps for o in outcomes):7d} "
+                f"{sum(o.crashes for o in outcomes):8d} {sum(o.errors for o in outcomes):7d} "
+                f"{len(failed):9d} {sum(o.seconds for o in outcomes):6.1f}s",
+                flush=True,
+            )
+            for outcome in failed[:show]:
+                print(f"    {outcome.summary()}")
+            if failed:
+                worst = 1
+    elapsed = time.monotonic() - started
+    total = seeds * len(scenarios)
+    print(f"{total} seeds in {elapsed:.1f}s: {total / elapsed:.1f} seeds/s ({jobs} process(es))")
     return worst
 
 
@@ -77,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first", type=int, help="first soak seed (default: random)")
     parser.add_argument("--show", type=int, default=3, help="failing seeds shown per scenario")
     parser.add_argument("--log", default="CRITICAL", help="statekeeper log level")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="soak: worker processes (default: one per core; 1 runs in this process)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(threadName)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("statekeeper").setLevel(args.log.upper())
@@ -91,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         scenarios = list(SCENARIOS.values())
     first = args.first if args.first is not None else random.randrange(10**6) * 1000
-    return _soak(scenarios, args.soak, first, args.show)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    return _soak(scenarios, args.soak, first, args.show, args.jobs, args.log)
 
 
 if __name__ == "__main__":

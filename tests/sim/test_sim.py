@@ -1,37 +1,43 @@
 """The simulation in ``make test``: every scenario today's code passes, over a fixed range of
-seeds.
+seeds, in worker processes (one per core, at most ``SIM_JOBS``).
 
-``SIM_SEEDS`` (environment) sets the seeds per scenario; ``make soak SEEDS=N`` runs more.
+``SIM_SEEDS`` (environment) sets the seeds per scenario (170: 2040 seeds in all),
+``SIM_JOBS`` the worker processes (default 2; 1 runs them in the pytest process);
+``make soak SEEDS=N`` runs more.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
 from tests.sim.model import InvariantViolation
-from tests.sim.runner import RunResult, SimFailure, repro, run_seed
+from tests.sim.parallel import Batch, SeedPool
+from tests.sim.runner import SimFailure, run_seed
 from tests.sim.scenarios import SCENARIOS, with_changes
 
 pytestmark = pytest.mark.sim
 
-SEEDS = int(os.environ.get("SIM_SEEDS", "100"))
+SEEDS = int(os.environ.get("SIM_SEEDS", "170"))
+JOBS = int(os.environ.get("SIM_JOBS", str(min(2, os.cpu_count() or 1))))
+_EVERY_SEED = "test_scenario_holds_for_every_seed"
 
 
-@pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_scenario_holds_for_every_seed(name: str) -> None:
-    failed: list[RunResult] = []
-    for seed in range(SEEDS):
-        result = run_seed(SCENARIOS[name], seed)
-        if result.failure is not None:
-            failed.append(result)
-            if len(failed) == 3:
-                break
-    for result in failed:
-        print(f"FAILED {repro(name, result.seed)}  # {str(result.failure).splitlines()[0]}")
-    if failed:
-        failed[0].raise_failure()
+@pytest.fixture(scope="module", autouse=True)
+def seed_pool(request: pytest.FixtureRequest) -> Iterator[tuple[SeedPool, dict[str, Batch]]]:
+    """The workers, and the seeds of every selected scenario queued in them as the module
+    starts, so that they run while the in-process tests below run too."""
+    wanted = sorted(
+        {
+            item.callspec.params["name"]
+            for item in request.session.items
+            if getattr(item, "originalname", None) == _EVERY_SEED and hasattr(item, "callspec")
+        }
+    )
+    with SeedPool(JOBS, strict_warnings=True) as pool:
+        yield pool, {name: pool.submit(SCENARIOS[name], range(SEEDS)) for name in wanted}
 
 
 @pytest.mark.parametrize("name", ["snapshots_and_gc", "racing_snapshot_writers", "gc_vs_snapshots"])
@@ -63,3 +69,37 @@ def test_a_store_that_loses_commits_is_caught() -> None:
     assert all(isinstance(f, InvariantViolation) for f in failures), failures
     with pytest.raises(SimFailure, match=r"reproduce: \.venv/bin/python -m tests\.sim "):
         next(r for r in results if r.failure is not None).raise_failure()
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_scenario_holds_for_every_seed(
+    name: str, seed_pool: tuple[SeedPool, dict[str, Batch]]
+) -> None:
+    outcomes = list(seed_pool[1][name].outcomes())
+    assert [o.seed for o in outcomes] == list(range(SEEDS))
+    failed = [o for o in outcomes if o.failure is not None]
+    for outcome in failed[:3]:
+        print(f"FAILED {outcome.summary()}")
+    if failed:
+        first = failed[0]
+        raise SimFailure(
+            f"{len(failed)} of {SEEDS} seeds of {name} failed; the first, seed {first.seed}:\n"
+            f"{first.details}\n  reproduce: {first.repro}"
+        )
+
+
+def test_a_failing_seed_in_a_worker_is_reported_with_its_reproduction(
+    seed_pool: tuple[SeedPool, dict[str, Batch]],
+) -> None:
+    """The same self-check through the worker processes (after the seeds queued above)."""
+    scenario = with_changes(SCENARIOS["changelog_writer"], lose_put=2)
+    outcomes = list(seed_pool[0].submit(scenario, range(5)).outcomes())
+    failed = [o for o in outcomes if o.failure is not None]
+    assert len(failed) >= 3
+    assert all(o.failure.startswith("InvariantViolation: ") for o in failed), failed
+    assert all("Traceback" in o.details for o in failed)
+    line = failed[0].summary()
+    assert "\n" not in line
+    assert line.startswith(
+        f".venv/bin/python -m tests.sim --scenario changelog_writer --seed {failed[0].seed}   # "
+    )
