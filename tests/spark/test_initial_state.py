@@ -1,0 +1,169 @@
+"""Initial state on Spark: applied once in micro-batch 0 (also when a task of batch 0 is
+retried), never again on a restart, staged rows cleaned up once batch 1 is committed; bad
+input refused before any state. Agreement with Spark's own operator is checked in
+``test_timers_vs_spark.py``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from pyspark import TaskContext, cloudpickle
+from pyspark.sql import DataFrame, SparkSession
+
+from statekeeper import StoreConfig
+from statekeeper.spark import StatefulProcessor, read_state, transform_with_state
+from tests.spark.helpers import run_to_end
+
+pytestmark = pytest.mark.spark
+
+OUT = "k string, n long, seed long"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pickled_by_value() -> Iterator[None]:
+    """Spark's workers cannot import this test module: its processors travel by value."""
+    module = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(module)
+    yield
+    cloudpickle.unregister_pickle_by_value(module)
+
+
+class PandasSeeded(StatefulProcessor):
+    """A count of input rows, seeded with the sum of the key's initial ``v`` (pandas form)."""
+
+    def init(self, handle: Any) -> None:
+        self.state = handle.value_state("count")
+
+    def handle_initial_state(self, key: Any, rows: Any, timer_values: Any) -> None:
+        n, seed = self.state.get() or (0, 0)
+        self.state.update((n, seed + int(rows["v"].sum())))
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        n, seed = self.state.get() or (0, 0)
+        n += len(rows)
+        self.state.update((n, seed))
+        yield pd.DataFrame({"k": [key[0]], "n": [n], "seed": [seed]})
+
+
+class FailsFirstAttempt(StatefulProcessor):
+    """The same in the Row form; every task's first attempt of batch 0 fails after the
+    initial state was applied (Spark retries it)."""
+
+    rows = "row"
+
+    def init(self, handle: Any) -> None:
+        self.state = handle.value_state("count")
+
+    def handle_initial_state(self, key: Any, rows: Any, timer_values: Any) -> None:
+        n, seed = self.state.get() or (0, 0)
+        self.state.update((n, seed + sum(r.v for r in rows)))
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        tc = TaskContext.get()
+        assert tc is not None
+        if tc.getLocalProperty("streaming.sql.batchId") == "0" and tc.attemptNumber() == 0:
+            raise RuntimeError("first attempt of batch 0 fails on purpose")
+        n, seed = self.state.get() or (0, 0)
+        n += len(rows)
+        self.state.update((n, seed))
+        yield (key[0], n, seed)
+
+
+def _write(folder: Path, index: int, keys: list[str]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{index}.tmp"
+    tmp.write_text("".join(f'{{"k": "{k}"}}\n' for k in keys))
+    tmp.rename(folder / f"part-{index:04d}.json")
+
+
+def _query(
+    spark: SparkSession, tmp: Path, processor: StatefulProcessor, initial: DataFrame
+) -> DataFrame:
+    (tmp / "in").mkdir(parents=True, exist_ok=True)
+    stream = spark.readStream.schema("k string").option("maxFilesPerTrigger", 1)
+    return transform_with_state(
+        stream.json(str(tmp / "in")), keys="k", processor=processor, output_schema=OUT,
+        checkpoint=str(tmp / "root"), name="ops", partitions=3, initial_state=initial,
+        config=StoreConfig(local_dir=str(tmp / "local")),
+    )  # fmt: skip
+
+
+def _state(spark: SparkSession, root: Path, version: int) -> dict[str, tuple[int, int]]:
+    rows = read_state(spark, str(root), "ops", version=version).collect()
+    return {r["k"]: tuple(json.loads(r["value"])) for r in rows}
+
+
+def _out(spark: SparkSession, sink: Path) -> set[tuple[str, int, int]]:
+    return {(r["k"], r["n"], r["seed"]) for r in spark.read.parquet(str(sink)).collect()}
+
+
+def test_a_restart_does_not_apply_the_initial_state_again(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    initial = spark.createDataFrame([("a", 10), ("b", 5), ("a", 1)], "k string, v long")
+    other = spark.createDataFrame([("a", 1000), ("c", 1000)], "k string, v long")
+    _write(tmp_path / "in", 0, ["a", "d"])
+    sink = tmp_path / "sink"  # one file sink across restarts (its log follows the batches)
+    run_to_end(_query(spark, tmp_path, PandasSeeded(), initial), sink, tmp_path / "cp")
+    first = {("a", 1, 11), ("d", 1, 0)}
+    assert _out(spark, sink) == first
+    assert _state(spark, tmp_path / "root", 1) == {"a": (1, 11), "b": (0, 5), "d": (1, 0)}
+
+    # Restart at batch 1 with another initial state: staged (batch 0 might still re-run),
+    # but batch 1 does not apply it
+    _write(tmp_path / "in", 1, ["a", "b"])
+    run_to_end(_query(spark, tmp_path, PandasSeeded(), other), sink, tmp_path / "cp")
+    second = {("a", 2, 11), ("b", 1, 5)}
+    assert _out(spark, sink) == first | second
+    staged = tmp_path / "root" / "_initial" / "ops"
+    assert any(p.suffix == ".arrow" for p in staged.rglob("*"))
+
+    # Once batch 1 is committed everywhere, batch 0 can no longer run: nothing is staged,
+    # what was staged is deleted
+    _write(tmp_path / "in", 2, ["c"])
+    run_to_end(_query(spark, tmp_path, PandasSeeded(), other), sink, tmp_path / "cp")
+    assert _out(spark, sink) == first | second | {("c", 1, 0)}
+    assert not any(p.is_file() for p in staged.rglob("*"))
+    assert _state(spark, tmp_path / "root", 3) == {
+        "a": (2, 11), "b": (1, 5), "c": (1, 0), "d": (1, 0)
+    }  # fmt: skip
+
+
+def test_a_retried_batch_0_applies_the_initial_state_once(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    initial = spark.createDataFrame([("a", 10), ("b", 5), ("a", 1)], "k string, v long")
+    _write(tmp_path / "in", 0, ["a", "b", "c"])
+    out = _query(spark, tmp_path, FailsFirstAttempt(), initial)
+    run_to_end(out, tmp_path / "s0", tmp_path / "cp")
+    assert _out(spark, tmp_path / "s0") == {("a", 1, 11), ("b", 1, 5), ("c", 1, 0)}
+    assert _state(spark, tmp_path / "root", 1) == {"a": (1, 11), "b": (1, 5), "c": (1, 0)}
+
+
+def test_bad_initial_state_is_refused_before_any_state(spark: SparkSession, tmp_path: Path) -> None:
+    cases = [
+        (spark.createDataFrame([("a", 1)], "key string, v long"), "found none"),
+        (spark.createDataFrame([(1, 1)], "k int, v long"), r"expected k string \(found int\)"),
+        (spark.readStream.format("rate").load(), "must be a batch DataFrame"),
+    ]
+    for initial, message in cases:
+        with pytest.raises(ValueError, match=message):
+            _query(spark, tmp_path, PandasSeeded(), initial)
+
+    class NoHook(StatefulProcessor):
+        def init(self, handle: Any) -> None:
+            pass
+
+        def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+            return iter(())
+
+    good = spark.createDataFrame([("a", 1)], "k string, v long")
+    with pytest.raises(ValueError, match="does not define handle_initial_state"):
+        _query(spark, tmp_path, NoHook(), good)
+    assert not (tmp_path / "root").exists()
