@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
+
+from tests.spark.connect_server import SPARK_HOME
 
 INPUT_SCHEMA = "k string, v long"
 OUTPUT_SCHEMA = "k string, count long, sum long"
@@ -41,10 +48,12 @@ def write_files(folder: Path, batches: list[Rows], start: int = 0) -> None:
         tmp.rename(path)
 
 
-def read_stream(spark: SparkSession, folder: Path) -> DataFrame:
-    """The input folder (created if missing) as a stream, one file per micro-batch."""
+def read_stream(spark: SparkSession, folder: Path, files_per_batch: int = 1) -> DataFrame:
+    """The input folder (created if missing) as a stream, ``files_per_batch`` files per
+    micro-batch."""
     folder.mkdir(parents=True, exist_ok=True)
-    return spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).json(str(folder))
+    reader = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", files_per_batch)
+    return reader.json(str(folder))
 
 
 def run_to_end(
@@ -92,3 +101,58 @@ def state_totals(state: DataFrame) -> dict[str, tuple[int, int]]:
     for r in state.collect():
         found.setdefault(r["k"], {})[r["state"]] = json.loads(r["value"])
     return {k: (v["count"], v["sum"]) for k, v in found.items()}
+
+
+@contextlib.contextmanager
+def local_cluster(app_name: str, module: ModuleType) -> Iterator[SparkSession]:
+    """A ``local-cluster[2,1,1024]`` session (two executor JVMs, 8 attempts per task) whose
+    workers unpickle ``module``'s classes by value; the caller has stopped any other
+    session (one SparkContext per process)."""
+    saved = os.environ.get("SPARK_HOME")
+    os.environ["SPARK_HOME"] = SPARK_HOME
+    cloudpickle.register_pickle_by_value(module)
+    session = (
+        SparkSession.builder.master("local-cluster[2,1,1024]")
+        .appName(app_name)
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .config("spark.task.maxFailures", "8")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        # getOrCreate returns before the workers have launched both executor JVMs (on a
+        # loaded machine one came up seconds later): the tests count and kill them.
+        app_id = session.sparkContext.applicationId
+        deadline = time.monotonic() + 120
+        while len(executor_pids(app_id)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(executor_pids(app_id)) == 2, "local-cluster[2,1,1024] started no 2 executors"
+        yield session
+    finally:
+        session.stop()
+        cloudpickle.unregister_pickle_by_value(module)
+        if saved is None:
+            os.environ.pop("SPARK_HOME", None)
+        else:
+            os.environ["SPARK_HOME"] = saved
+
+
+def executor_pids(app_id: str) -> list[int]:
+    """Pids of this application's executor JVMs (by their command lines)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [w.decode(errors="replace") for w in cmdline]
+        if "org.apache.spark.executor.CoarseGrainedExecutorBackend" in words and app_id in words:
+            found.append(int(entry.name))
+    return sorted(found)

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
 from statekeeper.spark import (
@@ -28,10 +27,11 @@ from statekeeper.spark import (
     transform_with_state,
 )
 from tests.spark.conftest import SparkHolder
-from tests.spark.connect_server import SPARK_HOME
 from tests.spark.helpers import (
     OUTPUT_SCHEMA,
     batch_totals,
+    executor_pids,
+    local_cluster,
     make_input,
     read_stream,
     run_to_end,
@@ -65,54 +65,8 @@ class SlowBatch(RunningCountSum):
 @pytest.fixture(scope="module")
 def cluster(no_classic_session: SparkHolder) -> Iterator[SparkSession]:
     """A ``local-cluster[2,1,1024]`` session for the module."""
-    saved = os.environ.get("SPARK_HOME")
-    os.environ["SPARK_HOME"] = SPARK_HOME
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    session = (
-        SparkSession.builder.master("local-cluster[2,1,1024]")
-        .appName("statekeeper-cluster-tests")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-        .config("spark.task.maxFailures", "8")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    try:
-        # getOrCreate returns before the workers have launched both executor JVMs (on a
-        # loaded machine one came up seconds later): the tests count and kill them.
-        app_id = session.sparkContext.applicationId
-        deadline = time.monotonic() + 120
-        while len(executor_pids(app_id)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert len(executor_pids(app_id)) == 2, "local-cluster[2,1,1024] started no 2 executors"
+    with local_cluster("statekeeper-cluster-tests", sys.modules[__name__]) as session:
         yield session
-    finally:
-        session.stop()
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-        if saved is None:
-            os.environ.pop("SPARK_HOME", None)
-        else:
-            os.environ["SPARK_HOME"] = saved
-
-
-def executor_pids(app_id: str) -> list[int]:
-    """Pids of this application's executor JVMs (by their command lines)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        words = [w.decode(errors="replace") for w in cmdline]
-        if "org.apache.spark.executor.CoarseGrainedExecutorBackend" in words and app_id in words:
-            found.append(int(entry.name))
-    return sorted(found)
 
 
 def kill_when_signalled(signal_dir: Path, app_id: str, killed: list[int]) -> None:
