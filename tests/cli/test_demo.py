@@ -43,7 +43,7 @@ def test_demo_crashes_restores_and_passes_its_equality_check(tmp_path: Path) -> 
         "--root", str(root), "--local-dir", str(tmp_path / "local"),
     ]  # fmt: skip
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    # ~2.5 min on an idle 2-core machine; twice that and more when the machine is shared
+    # The timeout catches a hang: the demo took 8 min on 2 cores at load average 20.
     done = subprocess.run(
         command, capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path, check=False
     )
