@@ -135,7 +135,32 @@ def commit_section(data: dict[str, Any]) -> list[str]:
         f"**{data['p50_ratio_largest_to_smallest']}** (target ≤ "
         f"{targets.get('p50_ratio_max', '-')}); upload / raw target ≤ "
         f"{targets.get('upload_to_raw_ratio_max', '-')}. Run {data['date']}.",
+        *_phases(data),
         *_protocols(data.get("protocols", {})),
+    ]
+
+
+def _phases(data: dict[str, Any]) -> list[str]:
+    """Where a commit's time goes: the median of each phase (``CommitInfo.phases_ms``)."""
+    results = [r for r in data["results"] if r.get("phases_p50_ms")]
+    if not results:
+        return []
+    names = sorted({name for r in results for name in r["phases_p50_ms"]})
+    rows = [
+        [f"{r['state_keys']:,}", r["commit_p50_ms"], *(r["phases_p50_ms"].get(n, 0) for n in names)]
+        for r in results
+    ]
+    load = data.get("load_average_1m")
+    return [
+        "",
+        f"Where the time of a commit goes ({data.get('timed', 'StateStore.commit()')}): the "
+        "median of each phase of `CommitInfo.phases_ms`, in ms (medians, so they need not add "
+        "up to the p50). `upload` is the blob-store writes of the changelog and the manifest, "
+        "`fsync` their four fsyncs (file and folder of each)"
+        + (f"; 1-minute load average of the machine at the end: {load}" if load else "")
+        + ".",
+        "",
+        *_table(["state keys", "p50 ms", *names], rows),
     ]
 
 
@@ -370,6 +395,7 @@ def timers_section(data: dict[str, Any]) -> list[str]:
             f"{r['due_per_batch']:,}",
             r["batches"],
             r["find_ms_p50"],
+            f"{r['find_cpu_ms'][0]} → {r['find_cpu_ms'][-1]}",
             r["fire_ms_p50"],
             r["commit_ms_p50"],
             r["full_scan_s"],
@@ -387,7 +413,8 @@ def timers_section(data: dict[str, Any]) -> list[str]:
         "timers; fire: the runner's timer step (find, a no-op `handle_expired_timer` per "
         "timer, delete both entries of each); commit: of those deletes. The full scan reads "
         "every timer and keeps the due ones (the naive ceiling). Peak RSS of the process "
-        f"that fires. Built by: {data['build']}. {data['conditions']}; run {data['date']} "
+        f"that fires. Built by: {data['build']}. Conditions: {data['conditions']}; run "
+        f"{data['date']} "
         f"(load average {data['machine'].get('load_average_1m', '-')}).",
         "",
         *_table(
@@ -395,7 +422,8 @@ def timers_section(data: dict[str, Any]) -> list[str]:
                 "timers held",
                 "due / batch",
                 "batches",
-                "find p50 ms",
+                "find p50 ms (wall)",
+                "find CPU ms, 1st → last batch",
                 "fire p50 ms",
                 "commit p50 ms",
                 "full scan s",
@@ -407,7 +435,9 @@ def timers_section(data: dict[str, Any]) -> list[str]:
         ),
         "",
         f"Find p50 at the largest size / at the smallest: "
-        f"**{data['find_p50_ratio_largest_to_smallest']}**.",
+        f"**{data['find_p50_ratio_largest_to_smallest']}**. The find's CPU time grows from "
+        "batch to batch: the timers fired before leave RocksDB tombstones at the head of the "
+        "index, which every scan from its start steps over until compaction drops them.",
     ]
 
 
