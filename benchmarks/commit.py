@@ -1,11 +1,18 @@
 """Commit cost against state size: does a commit cost what changed, not what is stored?
 
 For each state size (default 100k and 1M keys of 100-byte values) the benchmark loads the
-state, then measures commits that each update 10,000 existing keys with new 100-byte values
-(random bytes: the worst case for compression). It prints one JSON document comparing the
-sizes side by side:
+state, then measures commits that each update ``--changed`` (10,000) existing keys with new
+``--value-bytes`` (100) values (random bytes: the worst case for compression). It prints one
+JSON document comparing the sizes side by side:
 
-* ``commit_p50_ms`` / ``commit_p99_ms``: latency of ``StateStore.commit()``;
+* ``commit_p50_ms`` / ``commit_p99_ms``: latency of ``StateStore.commit()`` alone, i.e.
+  ``CommitInfo.duration_s``: from the call to its return (sorting and encoding the
+  changes, compressing, checksumming, uploading the changelog and the manifest with their
+  fsyncs, applying to RocksDB). The ``put`` calls between commits are not timed (they
+  only fill the in-memory overlay);
+* ``phases_p50_ms``: where that time went, per phase (``CommitInfo.phases_ms``: encode,
+  compress, checksum, upload, fsync, apply, metrics, other), the median of each phase
+  over the commits (so they need not add up to ``commit_p50_ms`` exactly);
 * ``bytes_uploaded_per_commit`` against ``raw_bytes_per_commit`` (keys + values changed);
 * ``requests_per_commit``: blob-store calls made inside ``commit()``, by kind (a ``put_many``
   of n blobs counts n PUTs).
@@ -18,7 +25,7 @@ request counts. Local filesystem root, warm page cache.
 Targets (issue 2): p50 at 1M within 1.3x of p50 at 100k; bytes uploaded <= 1.2x raw bytes.
 
     .venv/bin/python benchmarks/commit.py [--sizes 100000 1000000] [--commits 40]
-        [--protocols current 0.1.0] [--out FILE]
+        [--changed 10000] [--value-bytes 100] [--protocols current 0.1.0] [--out FILE]
 """
 
 from __future__ import annotations
@@ -43,8 +50,6 @@ import statekeeper as sk
 from statekeeper.storage import open_blob_store
 
 KEY_FMT = b"user:%012d"
-VALUE_SIZE = 100
-UPDATED_KEYS = 10_000
 LOAD_BATCH = 200_000
 COUNTED = {"put", "get", "get_range", "head", "list", "delete_many"}
 """Blob-store calls counted one request each; ``put_many``/``get_many`` count per blob."""
@@ -84,15 +89,24 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def _load(store: sk.StateStore, size: int) -> None:
+def _load(store: sk.StateStore, size: int, value_bytes: int) -> None:
     for start in range(0, size, LOAD_BATCH):
         for i in range(start, min(size, start + LOAD_BATCH)):
-            store.put(KEY_FMT % i, os.urandom(VALUE_SIZE))
+            store.put(KEY_FMT % i, os.urandom(value_bytes))
         store.commit()
 
 
-def run_size(size: int, commits: int, workdir: Path, seed: int) -> dict[str, Any]:
-    """Load ``size`` keys, then time ``commits`` commits of 10k updated keys each."""
+def _phases_p50(infos: list[Any]) -> dict[str, float]:
+    """Median of each phase over the commits (0.1.0 records none: empty)."""
+    phases = [getattr(info, "phases_ms", None) or {} for info in infos]
+    names = sorted({name for p in phases for name in p})
+    return {name: round(statistics.median(p.get(name, 0.0) for p in phases), 2) for name in names}
+
+
+def run_size(
+    size: int, commits: int, workdir: Path, seed: int, *, changed: int, value_bytes: int
+) -> dict[str, Any]:
+    """Load ``size`` keys, then time ``commits`` commits of ``changed`` updated keys each."""
     config = sk.StoreConfig(local_dir=str(workdir / "local"), snapshot_every=1_000_000)
     rng = random.Random(seed)
     (workdir / "root").mkdir()
@@ -101,24 +115,26 @@ def run_size(size: int, commits: int, workdir: Path, seed: int) -> dict[str, Any
     backend = sk.StateBackend(blobs, config=config)  # type: ignore[arg-type]
     with backend, backend.open("bench", partition=0, partitions=1) as store:
         started = time.perf_counter()
-        _load(store, size)
+        _load(store, size, value_bytes)
         load_s = time.perf_counter() - started
-        latencies, uploaded, raw = [], [], []
+        latencies, uploaded, raw, infos = [], [], [], []
         requests: Counter[str] = Counter()
         for _ in range(commits):
-            for i in rng.sample(range(size), UPDATED_KEYS):
-                store.put(KEY_FMT % i, os.urandom(VALUE_SIZE))
+            for i in rng.sample(range(size), changed):
+                store.put(KEY_FMT % i, os.urandom(value_bytes))
             before = Counter(blobs.calls)
             info = store.commit()
             requests += blobs.calls - before
             latencies.append(info.duration_s * 1000)
             uploaded.append(info.bytes_uploaded)
             raw.append(info.raw_bytes)
+            infos.append(info)
     return {
         "state_keys": size,
         "load_s": round(load_s, 2),
         "commits": commits,
-        "updated_keys_per_commit": UPDATED_KEYS,
+        "updated_keys_per_commit": changed,
+        "value_bytes": value_bytes,
         "commit_p50_ms": round(_percentile(latencies, 0.50), 2),
         "commit_p99_ms": round(_percentile(latencies, 0.99), 2),
         "commit_mean_ms": round(statistics.fmean(latencies), 2),
@@ -126,17 +142,20 @@ def run_size(size: int, commits: int, workdir: Path, seed: int) -> dict[str, Any
         "raw_bytes_per_commit": round(statistics.fmean(raw)),
         "upload_to_raw_ratio": round(sum(uploaded) / sum(raw), 3),
         "requests_per_commit": {k: round(n / commits, 2) for k, n in sorted(requests.items())},
+        "phases_p50_ms": _phases_p50(infos),
     }
 
 
-def _run_protocol(protocol: str, sizes: list[int], commits: int) -> list[dict[str, Any]]:
+def _run_protocol(protocol: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Results of every size with the working tree's library, or with a release's sources in
     a subprocess."""
+    sizes, commits = args.sizes, args.commits
+    shape = {"changed": args.changed, "value_bytes": args.value_bytes}
     if protocol == "current":
         results = []
         for size in sizes:
             with tempfile.TemporaryDirectory(prefix="sk-bench-commit-") as tmp:
-                results.append(run_size(size, commits, Path(tmp), seed=size))
+                results.append(run_size(size, commits, Path(tmp), seed=size, **shape))
             print(f"done ({protocol}): {results[-1]}", file=sys.stderr)
         return results
     with tempfile.TemporaryDirectory(prefix="sk-bench-release-") as tmp:
@@ -144,6 +163,7 @@ def _run_protocol(protocol: str, sizes: list[int], commits: int) -> list[dict[st
         here = str(Path(__file__).resolve().parent)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), here])}
         argv = ["--sizes", *map(str, sizes), "--commits", str(commits), "--protocols", "current"]
+        argv += ["--changed", str(args.changed), "--value-bytes", str(args.value_bytes)]
         out = subprocess.run(
             [sys.executable, __file__, *argv, "--results-only"],
             env=env, check=True, stdout=subprocess.PIPE, text=True,
@@ -156,13 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--commits", type=int, default=40)
+    parser.add_argument("--changed", type=int, default=10_000, help="keys updated per commit")
+    parser.add_argument("--value-bytes", type=int, default=100, help="bytes of each value")
     parser.add_argument(
         "--protocols", nargs="+", default=["current", "0.1.0"], choices=["current", "0.1.0"]
     )
     parser.add_argument("--results-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
-    by_protocol = {p: _run_protocol(p, args.sizes, args.commits) for p in args.protocols}
+    by_protocol = {p: _run_protocol(p, args) for p in args.protocols}
     if args.results_only:
         print(json.dumps(by_protocol["current"]))
         return 0
@@ -172,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "commit",
         "date": time.strftime("%Y-%m-%d"),
         "conditions": "local filesystem root, warm page cache, background snapshots off",
+        "timed": "StateStore.commit() wall time (CommitInfo.duration_s); puts not timed",
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),

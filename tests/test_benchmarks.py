@@ -108,6 +108,12 @@ def test_commit_and_restore_print_the_fields_the_report_reads(results: Path) -> 
         assert r["commit_p50_ms"] <= r["commit_p99_ms"]
         assert r["bytes_uploaded_per_commit"] > 0
         assert r["upload_to_raw_ratio"] > 0
+        phases = r["phases_p50_ms"]  # the breakdown of the current protocol's commits
+        assert {"encode", "compress", "checksum", "upload", "fsync", "apply", "other"} <= set(
+            phases
+        )
+        assert all(ms >= 0 for ms in phases.values())
+        assert phases["apply"] > 0
     # Both protocols ran side by side: 0.1.0 commits with one PUT (its changelog), format 2
     # with two (the attempt's changelog, then the manifest naming it), and nothing else.
     puts = {

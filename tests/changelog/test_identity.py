@@ -178,4 +178,4 @@ def test_format_doc_states_the_identity_bounds() -> None:
     section = text.split("## Changelog blob", 1)[1].split("\n## ", 1)[0]
     assert f"at most {MAX_HEADER_SIZE - HEADER_SIZE - 2})" in section
     assert f"at most {MAX_HEADER_SIZE} bytes" in section
-    assert "| 52 | 2 | format 2 only: identity length" in section
+    assert "| 52 | 2 | formats 2 and 3: identity length" in section

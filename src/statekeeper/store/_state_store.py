@@ -348,13 +348,13 @@ class StateStore:
             keys = sorted(pending)
             values = list(map(pending.__getitem__, keys))
             records = list(zip(keys, values, strict=True))
+            columns = Columns.trusted(keys, values)
         if self._attempt is None:
             self._attempt = uuid.uuid4().hex
         if self._before_commit is not None:
             self._before_commit()  # a format-1 root is upgraded before its first manifest
             self._before_commit = None
         try:
-            columns = Columns.trusted(keys, values)
             if self._config.mode == "snapshot":
                 with _phases.phase("snapshot"):
                     key, uploaded = self._commit_snapshot(records, order)
