@@ -1,5 +1,6 @@
 """Timers and event time on Spark: timers fire in partitions without input, late rows are
-dropped, a restart on an empty local dir keeps every timer; bad arguments fail early."""
+dropped, a restart on an empty local dir keeps every timer, event-time TTL expires entries by
+the watermark in partitions without input; bad arguments fail early."""
 
 from __future__ import annotations
 
@@ -7,16 +8,19 @@ import datetime as dt
 import json
 import os
 import shutil
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 
 from statekeeper import StateBackend, StoreConfig
 from statekeeper.keyed import iter_timers
-from statekeeper.spark import batch_metrics, read_state, transform_with_state
+from statekeeper.spark import StatefulProcessor, batch_metrics, read_state, transform_with_state
 from tests.spark.helpers import run_to_end
 from tests.spark.processors import EventSessions
 
@@ -140,3 +144,58 @@ def test_a_timer_processor_without_time_mode_is_refused_before_any_state(
             output_schema=OUT, checkpoint=str(tmp_path / "root"), name="s", partitions=2,
         )  # fmt: skip
     assert not (tmp_path / "root").exists()
+
+
+class Remember(StatefulProcessor):
+    """Keeps each key's latest event time for 10 s of event time (``ttl_on="event_time"``)."""
+
+    rows = "row"
+
+    def init(self, handle: Any) -> None:
+        self.last = handle.value_state("last", ttl=10, ttl_on="event_time")
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        self.last.update(max(int(r.ts.timestamp()) for r in rows))
+        return iter(())
+
+
+@pytest.fixture
+def _remember_by_value() -> Iterator[None]:
+    """Spark's workers cannot import this test module: its processor travels by value."""
+    module = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(module)
+    yield
+    cloudpickle.unregister_pickle_by_value(module)
+
+
+@pytest.mark.spark
+@pytest.mark.usefixtures("_remember_by_value")
+def test_event_time_ttl_expires_by_the_watermark_in_partitions_without_input(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    keys = [f"u{i}" for i in range(12)]  # spread over the 4 partitions
+    # batch 0 stamps every entry with its largest event time, 11 s: expiry 21 s. Then only
+    # z: watermarks 11 s (batch 1), 15 s (batch 2), 30 s (batch 3)
+    _write(tmp_path / "in", [[(k, i) for i, k in enumerate(keys)], [("z", 15)], [("z", 30)],
+                             [("z", 31)]])  # fmt: skip
+    root = tmp_path / "root"
+    out = transform_with_state(
+        _stream(spark, tmp_path / "in"), keys="k", processor=Remember(), output_schema=OUT,
+        checkpoint=str(root), name="ttl", partitions=4, time_mode="event_time",
+        event_time_column="ts", config=StoreConfig(local_dir=str(tmp_path / "local")),
+    )  # fmt: skip
+    run_to_end(out, tmp_path / "sink", tmp_path / "cp")
+
+    def state(version: int) -> dict[str, tuple[int, int]]:
+        rows = read_state(spark, str(root), "ttl", version=version).collect()
+        t0 = T0.timestamp()
+        return {r["k"]: (r["partition"], int(r["expires_at"].timestamp() - t0)) for r in rows}
+
+    before = state(3)  # after batch 2: watermark 15 s, nothing expired
+    assert {k: at for k, (_, at) in before.items()} == {**dict.fromkeys(keys, 21), "z": 40}
+    z_partition = before["z"][0]
+    idle = {p for k, (p, _) in before.items() if k != "z"} - {z_partition}
+    assert idle, "every key landed in z's partition: the test lost its point"
+    assert state(4) == {"z": (z_partition, 41)}  # batch 3 (watermark 30 s) expired all u*
+    metrics = [batch_metrics(str(root), "ttl", b) for b in range(4)]
+    assert [m.expired for m in metrics if m is not None] == [0, 0, 0, len(keys)]
