@@ -64,6 +64,7 @@ class SimBlobStore:
         # it returned: "put", "sweep", "delete" (done) or "failed delete".
         self._on_change = on_change
         self._inner = inner
+        self._uri = inner.uri  # named in every call's error message: built once
         self._page_size = page_size
         # Self-test only: a store that lies, silently dropping every create-only put from the
         # ``lose_put``-th on while reporting success; the model must notice.
@@ -72,7 +73,7 @@ class SimBlobStore:
 
     @property
     def uri(self) -> str:
-        return self._inner.uri
+        return self._uri
 
     def _describe(self, op: str, key: str) -> str:
         return f"{op} {key!r} at {self.uri}"
