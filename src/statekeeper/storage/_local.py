@@ -91,11 +91,12 @@ class LocalBlobStore(ParallelTransfers):
         self._root = os.path.abspath(os.fspath(root))
         _make_root(self._root)
         self._real_root = os.path.realpath(self._root)
+        self._uri = pathlib.Path(self._root).as_uri()
 
     @property
     def uri(self) -> str:
         """The root as a ``file://`` URI."""
-        return pathlib.Path(self._root).as_uri()
+        return self._uri
 
     @property
     def root(self) -> str:
@@ -236,11 +237,23 @@ class LocalBlobStore(ParallelTransfers):
 
     def _path(self, key: str) -> str:
         check_key(key)
-        path = os.path.join(self._root, *key.split("/"))
+        parts = key.split("/")
+        path = os.path.join(self._root, *parts)
         # The key rules already exclude '..'; this catches symlinks pointing out of the root.
-        real = os.path.realpath(path)
-        if os.path.commonpath([real, self._real_root]) != self._real_root:
-            raise ValueError(f"blob key {key!r} resolves outside the root {self._root}")
+        # Only the key's own components can be one (the root was resolved when opened), so
+        # only they are looked at, every call; a symlink among them is resolved in full.
+        current = self._real_root
+        for part in parts:
+            current = os.path.join(current, part)
+            try:
+                mode = os.lstat(current).st_mode
+            except OSError:
+                break  # Missing (or not a folder): nothing below it to follow.
+            if stat.S_ISLNK(mode):
+                real = os.path.realpath(path)
+                if os.path.commonpath([real, self._real_root]) != self._real_root:
+                    raise ValueError(f"blob key {key!r} resolves outside the root {self._root}")
+                break
         return path
 
     def _describe(self, op: str, key: str) -> str:
