@@ -39,7 +39,7 @@ from statekeeper.keyed._layout import (
     key_group_range,
     partition_of_group,
 )
-from statekeeper.keyed._processor import StatefulProcessor, input_form
+from statekeeper.keyed._processor import StatefulProcessor, handles_initial_state, input_form
 from statekeeper.keyed._row_type import build_rows, row_class
 from statekeeper.keyed._timers import (
     TIME_MODES,
@@ -77,6 +77,7 @@ __all__ = [
     "encode_element",
     "encode_key",
     "group_prefix",
+    "handles_initial_state",
     "input_form",
     "iter_state",
     "iter_timers",

@@ -58,8 +58,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from statekeeper import layout
 from statekeeper.config import StoreConfig
 from statekeeper.errors import CommitConflictError, StateKeeperError
-from statekeeper.keyed import StatefulProcessor
-from statekeeper.keyed._processor import handles_initial_state
+from statekeeper.keyed import StatefulProcessor, handles_initial_state
 from statekeeper.spark._cache import CACHE, StoreSpec
 from statekeeper.spark._listener import register_operator
 from statekeeper.spark._partition import (
