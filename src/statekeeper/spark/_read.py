@@ -10,7 +10,10 @@ to learn the operator's schema (the record a keyed processor writes into every s
 Without ``version`` it reads the consistent cut (:func:`statekeeper.epochs.consistent_cut`):
 the versions the newest epoch manifest naming the operator records, i.e. the last
 micro-batch a query finished, even if some or all partitions committed a batch that failed
-after; where the root has no usable manifest, the newest version every partition has.
+after; where the root has no usable manifest, the newest version every partition has. On a
+classic session whose listener follows the query, a batch whose tasks committed is first
+given up to :data:`_CATCH_UP_S` for its manifest to be written (it is written once the
+batch's progress event reaches the listener, a moment after the query moved on).
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ from statekeeper.keyed import (
     read_operator_record,
 )
 from statekeeper.keyed.output import rows_to_batch
+from statekeeper.reports import read_reports
 from statekeeper.spark._cache import worker_config
+from statekeeper.spark._listener import StateListener, state_listener
 from statekeeper.spark._transform import _arrow_schema
 from statekeeper.store import StateBackend, StateStore
 
@@ -51,6 +56,9 @@ _log = logging.getLogger("statekeeper.spark")
 TIMER_STATE = "$timer"
 """The ``state`` of a timer's row in :func:`read_state` (no state name starts with ``$``)."""
 
+_CATCH_UP_S = 10.0
+"""How long ``read_state`` waits for its session's listener to record a batch whose tasks
+committed (a batch that failed after its tasks committed is never recorded)."""
 _BATCH_ROWS = 4096
 """Most rows in one Arrow batch a read task yields."""
 _BATCH_BYTES = 8 << 20
@@ -105,7 +113,9 @@ def read_state(
             the versions the newest epoch manifest naming ``name`` records (the last
             micro-batch a query finished), or, in a root without a usable one (written
             without Spark's listener, e.g. from Spark Connect), the newest version every
-            partition has; the reason is logged (logger ``statekeeper.epochs``).
+            partition has; the reason is logged (logger ``statekeeper.epochs``). On a classic
+            session, a batch of a query this session runs whose tasks committed is given up
+            to 10 s for its manifest to be written (it never is if the batch failed later).
         storage_options: object store options (they travel to the executors with the tasks).
         allow_pickle: decode values of states declared with ``PickleCodec`` (runs code from
             the root: only for roots you trust); otherwise they show as a placeholder.
@@ -117,7 +127,8 @@ def read_state(
             that runs the tasks, if found there).
         StorageError: the root cannot be read.
     """
-    spec, schema = _plan(spark, checkpoint, name, version, storage_options, allow_pickle)
+    listener = state_listener(spark) if isinstance(spark, SparkSession) else None
+    spec, schema = _plan(spark, checkpoint, name, version, storage_options, allow_pickle, listener)
     count = len(spec.versions)
     # One row per partition, one partition per row: one task per store.
     ids = spark.range(0, count, 1, numPartitions=count)
@@ -150,6 +161,7 @@ def _plan(
     version: int | None,
     storage_options: Mapping[str, str] | None,
     allow_pickle: bool,
+    listener: StateListener | None,
 ) -> tuple[_ReadSpec, T.StructType]:
     """Pick the versions and learn the schema, on the driver, opening at most one store."""
     with tempfile.TemporaryDirectory(prefix="statekeeper-read-") as tmp:
@@ -157,7 +169,7 @@ def _plan(
             checkpoint, config=StoreConfig(local_dir=tmp), storage_options=storage_options
         )
         try:
-            versions, grouped = _versions(backend, name, version)
+            versions, grouped = _versions(backend, name, version, listener)
             found = _schema_record(backend, name, versions)
         finally:
             backend.close()
@@ -177,7 +189,9 @@ def _plan(
     return spec, schema
 
 
-def _versions(backend: StateBackend, name: str, version: int | None) -> tuple[dict[int, int], bool]:
+def _versions(
+    backend: StateBackend, name: str, version: int | None, listener: StateListener | None
+) -> tuple[dict[int, int], bool]:
     """Partition -> version to read, and whether raw keys carry a key group.
 
     Raises:
@@ -198,6 +212,10 @@ def _versions(backend: StateBackend, name: str, version: int | None) -> tuple[di
 
     if version is None:
         cut = consistent_cut(backend.blobs, name, count, history)
+        if cut.manifest is not None and listener is not None:
+            common = min(_newest(history(p)) for p in range(count))
+            if min(cut.versions.values()) < common and _caught_up(listener, backend, name, common):
+                cut = consistent_cut(backend.blobs, name, count, history)
         _log.info("read_state of %r: versions of %s", name, cut.describe())
         versions = cut.versions
     else:
@@ -205,6 +223,36 @@ def _versions(backend: StateBackend, name: str, version: int | None) -> tuple[di
             history(p).plan(version, None)  # raises StateNotFoundError, naming what is missing
         versions = dict.fromkeys(range(count), version)
     return versions, name in metadata.key_groups
+
+
+def _newest(history: StoreHistory) -> int:
+    versions = history.restorable_versions()
+    return versions[-1] if versions else 0
+
+
+def _caught_up(listener: StateListener, backend: StateBackend, name: str, version: int) -> bool:
+    """Wait for this session's listener to record micro-batch ``version - 1`` of ``name``,
+    if a query it follows committed it: the manifest of a batch that finished a moment ago
+    is written after its progress event reaches the listener. A batch that failed after its
+    tasks committed never gets one: then the wait ends after :data:`_CATCH_UP_S`.
+
+    Returns:
+        Whether the listener was waited for (the manifests may have changed).
+    """
+    batch = version - 1
+    queries = {r.query_id for r in read_reports(backend.blobs, name, batch)}
+    followed = sorted(q for q in queries if listener.metrics(query_id=q, operator=name))
+    for query_id in followed:
+        try:
+            listener.wait_for(query_id, batch, timeout=_CATCH_UP_S)
+        except TimeoutError:
+            _log.info("read_state: batch %s of query %s did not finish; not read", batch, query_id)
+    if followed:
+        try:
+            listener.flush(timeout=_CATCH_UP_S)
+        except TimeoutError:
+            _log.warning("read_state: the listener is still writing epoch manifests")
+    return bool(followed)
 
 
 def _schema_record(
