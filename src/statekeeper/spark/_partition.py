@@ -11,52 +11,32 @@ store. The partition column and the batch timestamp are dropped before the proce
 vectorized function sees the input; the key group is dropped by the runner once it has read
 it (the vectorized function keeps it: it prefixes its own keys).
 
-**Initial state** reaches its partition the same way, in a batch job run when the query is
-defined: a streaming plan cannot take a batch DataFrame (Spark refuses a union or cogroup of
-a stream with a batch DataFrame, and its own ``initialState`` plumbing is not public), so
-the initial rows are tagged with their key group, routed by ``repartitionById`` exactly like
-the input, and each partition's rows are **staged** in the checkpoint root as one Arrow IPC
-blob (:func:`stage_task`, create-only, named per attempt). The driver passes the names and
-CRC32C checksums to the tasks, and a task of micro-batch 0 reads its partition's blob
-(:func:`read_staged`), checked, on every attempt of that batch.
+The initial state is routed the same way, see :mod:`statekeeper.spark._initial`.
 """
 
 from __future__ import annotations
 
-import functools
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import google_crc32c
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from statekeeper import layout
-from statekeeper.errors import CorruptStateError, StateKeeperError
+from statekeeper.errors import StateKeeperError
 from statekeeper.keyed import key_group_range, partition_of_group
 from statekeeper.keyed.runner import KEY_GROUP_COLUMN
-from statekeeper.spark._cache import StoreSpec
-from statekeeper.storage import BlobStore, open_blob_store
-from statekeeper.store import StateBackend
 
 __all__ = [
     "KEY_GROUP_COLUMN",
     "PART_COLUMN",
-    "STAGED_SCHEMA",
     "TS_COLUMN",
     "Partitioning",
-    "Staged",
-    "batch_zero_done",
     "collect",
     "key_group_of",
     "peek_partition",
-    "read_staged",
-    "stage_initial",
-    "stage_task",
     "target_partition",
 ]
 
@@ -210,127 +190,3 @@ def peek_partition(
 def _chain(head: list[Any], rest: Iterator[Any]) -> Iterator[Any]:
     yield from head
     yield from rest
-
-
-STAGED_SCHEMA = "partition int, blob string, crc long, rows long"
-"""What :func:`stage_task` returns per partition, as Spark DDL."""
-
-
-@dataclass(frozen=True)
-class Staged:
-    """One partition's staged initial rows: blob key, CRC32C and row count."""
-
-    partition: int
-    key: str
-    crc: int
-    rows: int
-
-
-def stage_task(
-    root: str,
-    storage_options: tuple[tuple[str, str], ...],
-    operator: str,
-    generation: int,
-    partitioning: Partitioning,
-    schema: Any,
-    batches: Iterator[Any],
-) -> Iterator[Any]:
-    """Stage one partition's initial rows (routed by key group) as an Arrow IPC blob in the
-    root; yields one row of :data:`STAGED_SCHEMA` (``schema``), none for an empty partition.
-
-    Raises:
-        StateKeeperError: rows of several state partitions.
-        StorageError: the blob could not be written.
-    """
-    table, _, partition = collect(batches, None, partitioning)
-    if partition is None:
-        return
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    data = sink.getvalue().to_pybytes()
-    # A name per attempt: a retried task never meets its failed attempt's blob.
-    key = layout.initial_state_key(operator, generation, partition, uuid.uuid4().hex)
-    blobs = open_blob_store(root, dict(storage_options))
-    try:
-        blobs.put(key, data)
-    finally:
-        blobs.close()
-    row = {"partition": [partition], "blob": [key], "crc": [google_crc32c.value(data)]}
-    row["rows"] = [table.num_rows]
-    yield pa.RecordBatch.from_pydict(row, schema=schema)
-
-
-def read_staged(blobs: BlobStore, staged: Staged) -> Any:
-    """A partition's staged initial rows, checked against their CRC32C.
-
-    Raises:
-        CorruptStateError: the blob's checksum or row count differs from what was staged.
-        StateNotFoundError: the blob is gone.
-    """
-    data = blobs.get(staged.key)
-    found = google_crc32c.value(data)
-    if found != staged.crc:
-        raise CorruptStateError(
-            f"staged initial state {blobs.uri}/{staged.key}: expected CRC32C {staged.crc}, "
-            f"found {found}"
-        )
-    table = pa.ipc.open_stream(data).read_all()
-    if table.num_rows != staged.rows:
-        raise CorruptStateError(
-            f"staged initial state {blobs.uri}/{staged.key}: expected {staged.rows} rows, "
-            f"found {table.num_rows}"
-        )
-    return table
-
-
-def batch_zero_done(backend: StateBackend, operator: str, partitions: int) -> bool:
-    """True once micro-batch 0 of ``operator`` can no longer run again: every partition has
-    committed version 2 (batch 1), which a re-run of batch 0 may not replace. Stops at the
-    first partition that has not."""
-    for partition in range(partitions):
-        versions = backend.versions(operator, partition)
-        if not versions or versions[-1] < 2:
-            return False
-    return True
-
-
-def stage_initial(
-    initial: DataFrame,
-    keys: list[str],
-    partitioning: Partitioning,
-    store: StoreSpec,
-    generation: int,
-    schema: Any,
-) -> tuple[Staged, ...]:
-    """Stage ``initial``'s rows per state partition in the root (a Spark batch job, see the
-    module docstring), after deleting what earlier runs staged; returns what tasks read.
-
-    Raises:
-        StateKeeperError: the job returned two blobs for one partition.
-        Exception: whatever the job raises (Spark's errors).
-    """
-    if partitioning.key_groups is None:
-        raise StateKeeperError("an initial state needs an operator with key groups")
-    blobs = open_blob_store(store.root, dict(store.storage_options))
-    try:
-        old = [m.key for m in blobs.list(layout.initial_state_prefix(store.operator))]
-        blobs.delete_many(old)
-    finally:
-        blobs.close()
-    task = functools.partial(
-        stage_task, store.root, store.storage_options, store.operator, generation,
-        partitioning, schema,
-    )  # fmt: skip
-    tagged = initial.withColumn(KEY_GROUP_COLUMN, key_group_of(keys, partitioning.key_groups))
-    routed = tagged.repartitionById(partitioning.partitions, target_partition(partitioning))
-    staged = [
-        Staged(int(r["partition"]), str(r["blob"]), int(r["crc"]), int(r["rows"]))
-        for r in routed.mapInArrow(task, STAGED_SCHEMA).collect()
-    ]
-    if len({s.partition for s in staged}) != len(staged):
-        raise StateKeeperError(
-            f"staging the initial state of {store.operator!r} returned several blobs for one "
-            f"partition: {sorted(s.partition for s in staged)}"
-        )
-    return tuple(sorted(staged, key=lambda s: s.partition))

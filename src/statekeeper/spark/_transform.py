@@ -58,22 +58,24 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from statekeeper import layout
 from statekeeper.config import StoreConfig
 from statekeeper.errors import CommitConflictError, StateKeeperError
-from statekeeper.keyed import StatefulProcessor, handles_initial_state
+from statekeeper.keyed import StatefulProcessor
 from statekeeper.spark._cache import CACHE, StoreSpec
+from statekeeper.spark._initial import (
+    STAGED_SCHEMA,
+    Staged,
+    check_initial,
+    initial_rows,
+    stage_for_batch_zero,
+)
 from statekeeper.spark._listener import register_operator
 from statekeeper.spark._partition import (
     KEY_GROUP_COLUMN,
     PART_COLUMN,
-    STAGED_SCHEMA,
     TS_COLUMN,
     Partitioning,
-    Staged,
-    batch_zero_done,
     collect,
     key_group_of,
     peek_partition,
-    read_staged,
-    stage_initial,
     target_partition,
 )
 from statekeeper.spark._reports import TaskIdentity, report_task
@@ -233,13 +235,18 @@ def transform_with_state(
     timing = time_spec(df, time_mode, event_time_column, watermark_delay)
     refuse_unused_timers(processor, timing.time_mode)
     if initial_state is not None:
-        _check_initial(df, initial_state, key_names, processor)
+        check_initial(df, initial_state, key_names, processor, _RESERVED)
     spec = _prepare(
         df, key_names, schema, checkpoint, name, partitions, config, storage_options,
         lock_timeout_s, ts_column=TS_COLUMN, timing=timing,
     )  # fmt: skip
     if initial_state is not None:
-        spec = _with_initial(spec, initial_state)
+        staged_schema = _arrow_schema(initial_state.sparkSession, _output_struct(STAGED_SCHEMA))
+        staged = stage_for_batch_zero(
+            initial_state, key_names, spec.partitioning, spec.store, spec.generation,
+            staged_schema,
+        )  # fmt: skip
+        spec = dataclasses.replace(spec, initial=staged)
     task = functools.partial(_rows_task, spec, processor)
     if timing.time_mode is None:
         return _plan(df, key_names, spec.partitioning, task, schema, with_ts=True)
@@ -418,64 +425,6 @@ def _prepare(
     )  # fmt: skip
 
 
-def _check_initial(
-    df: DataFrame, initial: DataFrame, key_names: list[str], processor: StatefulProcessor
-) -> None:
-    """Refuse an initial state that cannot be applied, before any state is touched.
-
-    Raises:
-        TypeError: not a DataFrame.
-        ValueError: streaming, a key column missing or of another type than in ``df``, a
-            reserved column, or a processor without ``handle_initial_state``.
-    """
-    if not isinstance(initial, DataFrame):
-        raise TypeError(f"initial_state must be a pyspark DataFrame, got {type(initial).__name__}")
-    if initial.isStreaming:
-        raise ValueError(
-            "initial_state must be a batch DataFrame (spark.read, createDataFrame), got a "
-            "streaming one: it is read once, for micro-batch 0"
-        )
-    if not handles_initial_state(processor):
-        raise ValueError(
-            f"initial_state was given, but {type(processor).__name__} does not define "
-            "handle_initial_state: nothing would apply it"
-        )
-    fields = {f.name: f.dataType for f in initial.schema.fields}
-    expected = {k: df.schema[k].dataType for k in key_names}
-    wrong = {k: fields.get(k) for k, t in expected.items() if fields.get(k) != t}
-    if wrong:
-        shown = ", ".join(
-            f"{k} {expected[k].simpleString()} (found {'none' if t is None else t.simpleString()})"
-            for k, t in wrong.items()
-        )
-        raise ValueError(
-            f"initial_state must hold the key columns with the input's types, so that each "
-            f"key reaches the partition that owns it: expected {shown}; its columns are "
-            f"{list(fields)}"
-        )
-    reserved = [c for c in _RESERVED if c in fields]
-    if reserved:
-        raise ValueError(f"initial_state columns {reserved} are reserved by statekeeper")
-
-
-def _with_initial(spec: _TaskSpec, initial: DataFrame) -> _TaskSpec:
-    """``spec`` with the initial state staged for micro-batch 0, unless batch 0 can no longer
-    run (then what earlier runs staged is deleted, and nothing is staged)."""
-    store = spec.store
-    blobs = open_blob_store(store.root, dict(store.storage_options))
-    with StateBackend(blobs, config=store.config) as backend:
-        if batch_zero_done(backend, store.operator, store.partitions):
-            blobs.delete_many(
-                [m.key for m in blobs.list(layout.initial_state_prefix(store.operator))]
-            )
-            return spec
-    schema = _arrow_schema(initial.sparkSession, _output_struct(STAGED_SCHEMA))
-    staged = stage_initial(
-        initial, list(spec.keys), spec.partitioning, store, spec.generation, schema
-    )
-    return dataclasses.replace(spec, initial=staged)
-
-
 def _refuse_speculation(spark: SparkSession) -> None:
     """Speculative tasks are two live attempts of one partition: refuse them.
 
@@ -562,7 +511,8 @@ def _rows_task(spec: _TaskSpec, processor: StatefulProcessor, batches: Any) -> I
     lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id)
     stats = RunStats()
     try:
-        initial = _initial_rows(lease, spec, ctx)
+        blobs = lease.entry.backend.blobs
+        initial = initial_rows(blobs, spec.initial, ctx.partition, ctx.batch_id)
         yield from run_processor(
             lease.store, processor, table, keys=spec.keys, output_schema=spec.output_schema,
             operator=spec.store.operator, batch_id=ctx.batch_id, partition=ctx.partition,
@@ -575,15 +525,6 @@ def _rows_task(spec: _TaskSpec, processor: StatefulProcessor, batches: Any) -> I
         raise
     CACHE.release(lease, ok=True)
     report_task(lease, info, stats, ctx, time.perf_counter() - started)
-
-
-def _initial_rows(lease: Any, spec: _TaskSpec, ctx: TaskIdentity) -> Any:
-    """This partition's staged initial rows in micro-batch 0 (every attempt reads them
-    again: a re-run starts from version 0); ``None`` otherwise."""
-    if spec.initial is None or ctx.batch_id != 0:
-        return None
-    mine = [s for s in spec.initial if s.partition == ctx.partition]
-    return read_staged(lease.entry.backend.blobs, mine[0]) if mine else None
 
 
 def _arrow_task(spec: _TaskSpec, fn: ArrowFunction, batches: Any) -> Iterator[Any]:
