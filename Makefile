@@ -52,7 +52,8 @@ demo: $(STAMP) check-java
 	PYSPARK_PYTHON=$(abspath $(BIN)/python) $(BIN)/statekeeper demo $(DEMO_ARGS)
 
 # Sizes that finish in about 25 minutes on 2 cores. Spark's own Python state operators cost
-# about 0.2-0.7 ms per key there, so they run 3 of the pipeline's 100k-row batches.
+# about 0.2-0.7 ms per key there, so they run 3 of the pipeline's 100k-row batches. The timers
+# benchmark adds its 10M-timer store's build (25 minutes at load average 20).
 bench: $(STAMP) check-java
 	$(BIN)/python benchmarks/commit.py --sizes 100000 1000000 --commits 40 --out benchmarks/results/commit.json
 	$(BIN)/python benchmarks/restore.py --keys 1000000 --versions 20 --tail 5 --out benchmarks/results/restore.json
