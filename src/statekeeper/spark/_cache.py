@@ -256,12 +256,12 @@ class StoreCache:
                 (doomed if asked else keep).append(entry)
             budget = min((e.backend.config.max_open_stores for e in self._entries.values()),
                          default=0)  # fmt: skip
-            excess = max(0, len(self._entries) - len(doomed) - budget)
-            doomed += keep[:excess]  # least recently used first
+            over = keep[: max(0, len(self._entries) - len(doomed) - budget)]  # LRU first
+            doomed += over
             for entry in doomed:
                 del self._entries[entry.key]
-        if excess > 0:
-            _log.debug("closing %s idle stores over max_open_stores=%s", excess, budget)
+        if over:
+            _log.debug("closing %s idle stores beyond max_open_stores=%s", len(over), budget)
         return doomed
 
     def sweep_local_copies(self, now: float | None = None) -> list[str]:
@@ -293,11 +293,9 @@ def _idle_since(entry: _Entry) -> float:
 def _copies_under(root_folder: str) -> list[str]:
     """Working copy folders of one root: ``<operator>/<partition>`` below its folder."""
     copies: list[str] = []
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        for operator in sorted(os.scandir(root_folder), key=lambda d: d.name):
-            if not operator.is_dir(follow_symlinks=False):
-                continue
-            with os.scandir(operator.path) as children:
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(root_folder) as ops:
+        for operator in [op for op in ops if op.is_dir(follow_symlinks=False)]:
+            with contextlib.suppress(FileNotFoundError), os.scandir(operator.path) as children:
                 copies.extend(
                     c.path for c in children if c.name.isdigit() and c.is_dir(follow_symlinks=False)
                 )
