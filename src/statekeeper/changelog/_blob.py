@@ -193,8 +193,7 @@ def encode_changelog_parts(
     with phase("encode"):
         columns = records if isinstance(records, Columns) else Columns.of(records)
         runs = columns.split(part_size)
-    for start, stop in runs:
-        length = columns.body_length(start, stop)
+    for start, stop, length in runs:
         if length > MAX_BODY_LENGTH or (identity is None and len(runs) > 1):
             raise ValueError(
                 f"changelog body too large: expected <= {MAX_BODY_LENGTH} bytes per part"
@@ -208,7 +207,7 @@ def encode_changelog_parts(
     return ChangelogParts(
         (
             part.encode(columns, start, stop, more=i + 1 < len(runs))
-            for i, (start, stop) in enumerate(runs)
+            for i, (start, stop, _) in enumerate(runs)
         ),
         len(runs),
     )

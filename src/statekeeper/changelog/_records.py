@@ -146,21 +146,23 @@ class Columns:
         deletes = self.values[start:stop].count(None)  # each counted as -1 in value_lengths
         return sum(self.key_lengths[start:stop]) + sum(self.value_lengths[start:stop]) + deletes
 
-    def split(self, part_size: int) -> list[tuple[int, int]]:
-        """Consecutive ``(start, stop)`` runs whose bodies are at most ``part_size`` bytes
-        each (a single record larger than that is a run of its own); at least one run."""
-        if self.body_length(0, len(self)) <= part_size:
-            return [(0, len(self))]
+    def split(self, part_size: int) -> list[tuple[int, int, int]]:
+        """Consecutive ``(start, stop, body length)`` runs whose bodies are at most
+        ``part_size`` bytes each (a single record larger than that is a run of its own); at
+        least one run."""
+        whole = self.body_length(0, len(self))
+        if whole <= part_size:
+            return [(0, len(self), whole)]
         sizes = accumulate(
             8 + k + max(v, 0) for k, v in zip(self.key_lengths, self.value_lengths, strict=True)
         )
         ends = list(sizes)  # ends[i]: framed bytes of records 0..i
-        runs: list[tuple[int, int]] = []
+        runs: list[tuple[int, int, int]] = []
         start, before = 0, 0
         while start < len(ends):
             stop = bisect.bisect_right(ends, before + part_size - 4, lo=start)
             stop = max(stop, start + 1)
-            runs.append((start, stop))
+            runs.append((start, stop, ends[stop - 1] - before + 4))
             start, before = stop, ends[stop - 1]
         return runs
 
