@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from statekeeper.spark import state_listener
 from tests.spark.connect_server import SPARK_HOME
 
 INPUT_SCHEMA = "k string, v long"
@@ -72,6 +73,20 @@ def run_to_end(
     if query.exception() is not None:
         raise AssertionError(f"query failed: {query.exception()}")
     return query
+
+
+def wait_for_epoch(
+    spark: SparkSession, query: StreamingQuery, batch_id: int, timeout: float = 120
+) -> None:
+    """Wait until the session's listener has written the epoch manifest of ``batch_id``.
+
+    ``read_state`` without a version reads the newest manifest's cut, and the listener
+    writes it on a background thread after the batch's progress event, which Spark delivers
+    asynchronously: ``awaitTermination`` may return before the last batch's manifest exists.
+    """
+    listener = state_listener(spark)
+    listener.wait_for(str(query.id), batch_id, timeout)
+    listener.flush(timeout)
 
 
 def batch_totals(spark: SparkSession, folder: Path) -> dict[str, tuple[int, int]]:

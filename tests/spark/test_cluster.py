@@ -37,6 +37,7 @@ from tests.spark.helpers import (
     run_to_end,
     sink_latest,
     state_totals,
+    wait_for_epoch,
     write_files,
 )
 from tests.spark.processors import RunningCountSum
@@ -106,6 +107,7 @@ def test_a_killed_executor_mid_batch_loses_nothing(
     )  # fmt: skip
     query = run_to_end(out, tmp_path / "out", tmp_path / "ck", timeout=400)
     killer.join(timeout=5)
+    wait_for_epoch(cluster, query, 4)
     assert len(killed) == 1
     expected = batch_totals(cluster, inp)
     assert state_totals(read_state(cluster, root, "counts", storage_options=options)) == expected
@@ -143,6 +145,7 @@ def test_two_queries_on_one_root_run_concurrently(
         assert query.awaitTermination(300), name
         assert query.exception() is None, name
     for name in inputs:
+        wait_for_epoch(cluster, queries[name], 2)
         expected = batch_totals(cluster, tmp_path / name)
         state = read_state(cluster, root, name, storage_options=options)
         assert state_totals(state) == expected, name

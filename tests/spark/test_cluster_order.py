@@ -7,13 +7,13 @@ the other's. A re-run of a partition may therefore append the same rows in anoth
 and its state must then be that run's, whole: never a mix of two attempts, never a batch
 twice. The failures, one kind per micro-batch:
 
-* batch 0: the processor raises in the first attempt of two partitions after its first key
+* batch 0: the processor raises in the first attempt of a partition after its first key
   appended to the list (uncommitted writes to drop);
 * batch 1: the sink runs the batch (every partition commits version 2), an executor that ran
   some of those tasks is SIGKILLed, and the sink's second action needs the lost shuffle
   output: Spark re-runs those partitions, which replace their committed version 2;
 * batch 2: the processor raises from ``close`` (after its last key, just before the commit)
-  in the first attempt of two partitions; then the sink fails after the batch committed,
+  in the first attempt of a partition; then the sink fails after the batch committed,
   and the query is started again, which re-runs batch 2 on executors that still hold the
   first run's version 3 in their working copies;
 * batch 3: runs on whichever executor, from the re-runs' state.
@@ -47,7 +47,6 @@ from statekeeper.spark import (
     StatefulProcessor,
     StatefulProcessorHandle,
     read_state,
-    state_listener,
     transform_with_state,
 )
 from tests.spark.conftest import SparkHolder
@@ -62,6 +61,7 @@ from tests.spark.helpers import (
     run_to_end,
     sink_latest,
     state_totals,
+    wait_for_epoch,
     write_files,
 )
 from tests.spark.processors import RunningCountSum
@@ -74,7 +74,7 @@ FILES_PER_BATCH = 4
 ROWS_PER_FILE = 24
 KEYS = 12
 MID_BATCH, KILL_BATCH, CLOSE_BATCH = 0, 1, 2
-MID_PARTITIONS, CLOSE_PARTITIONS = (0, 1), (2, 3)
+MID_PARTITIONS, CLOSE_PARTITIONS = (1,), (2,)
 LIST_SCHEMA = "k string, batch long, count long, values string"
 NAME = "arrivals"
 
@@ -298,11 +298,7 @@ def test_an_order_sensitive_state_is_one_attempts_order_per_batch(
     for rows in files:
         for k, v in rows:
             expected.setdefault((k, v // 1000), []).append(v)
-    # Without a version read_state reads the cut of the newest epoch manifest, which the
-    # listener writes after the batch's progress event: wait for it.
-    listener = state_listener(cluster)
-    listener.wait_for(str(query.id), BATCHES - 1, timeout=120)
-    listener.flush(timeout=120)
+    wait_for_epoch(cluster, query, BATCHES - 1)
     final, partition_of = _lists(read_state(cluster, root, NAME, storage_options=options))
 
     # One ordering per batch: a key's list is its batches one after the other, each a
@@ -376,7 +372,8 @@ def test_coalesce_and_union_after_operators_keep_exact_state(
         )
         for name in ("first", "second")
     )
-    run_to_end(first.union(second).coalesce(1), tmp_path / "out", tmp_path / "ck", timeout=240)
+    query = run_to_end(first.union(second).coalesce(1), tmp_path / "out", tmp_path / "ck", 240)
+    wait_for_epoch(cluster, query, 2)
     expected = batch_totals(cluster, inp)
     for name in ("first", "second"):
         assert state_totals(read_state(cluster, root, name, storage_options=options)) == expected
