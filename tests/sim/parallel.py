@@ -52,7 +52,7 @@ class SeedOutcome:
 
     def summary(self) -> str:
         """The one-line reproduction, with the failure's first line."""
-        first = (self.failure or "").splitlines()[0][:300] if self.failure else ""
+        first = self.failure.splitlines()[0][:300] if self.failure else ""
         return f"{self.repro}   # {first}"
 
 

@@ -1,9 +1,9 @@
 """The simulation in ``make test``: every scenario today's code passes, over a fixed range of
-seeds, in worker processes (one per core, at most ``SIM_JOBS``).
+seeds, in worker processes (:mod:`tests.sim.parallel`).
 
 ``SIM_SEEDS`` (environment) sets the seeds per scenario (170: 2040 seeds in all),
-``SIM_JOBS`` the worker processes (default 2; 1 runs them in the pytest process);
-``make soak SEEDS=N`` runs more.
+``SIM_JOBS`` the worker processes (default 2, or 1 on one core: then the seeds run in the
+pytest process); ``make soak SEEDS=N`` runs more.
 """
 
 from __future__ import annotations
