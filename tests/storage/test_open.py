@@ -252,7 +252,9 @@ def test_package_exports_are_sorted_and_complete() -> None:
         "LocalBlobStore",
         "ObjectBlobStore",
         "RetryPolicy",
+        "StreamingBlobStore",
         "open_blob_store",
+        "put_stream",
     }
     for name in exported:
         assert getattr(statekeeper.storage, name) is not None
