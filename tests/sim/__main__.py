@@ -2,6 +2,9 @@
 
 .venv/bin/python -m tests.sim --scenario changelog_writer --seed 123456 [--trace]
 .venv/bin/python -m tests.sim --soak 1000 [--first 0] [--scenario NAME ...] [--jobs N]
+
+A soak prints a row per scenario (its "time" is the run time of its seeds summed, which the
+workers spend in parallel) and the wall time and seeds per second of the whole soak.
 """
 
 from __future__ import annotations
