@@ -12,6 +12,7 @@ exception object, which need not survive pickling), and log at the level they ar
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import multiprocessing
 import time
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from tests.sim.runner import repro, run_seed
 from tests.sim.scenarios import Scenario
 
-__all__ = ["SeedOutcome", "SeedPool", "run_seeds"]
+__all__ = ["Batch", "SeedOutcome", "SeedPool", "run_seeds", "trace_digest"]
 
 CHUNK = 8
 """Seeds per task: small enough that the workers finish together, large enough that the
@@ -45,6 +46,8 @@ class SeedOutcome:
     """The violation (``Type: message``), or ``None`` if the seed held."""
     details: str = ""
     """The failure's formatted traceback."""
+    trace_digest: str = ""
+    """A digest of the run's trace: equal for two runs that interleaved alike."""
 
     @property
     def repro(self) -> str:
@@ -77,9 +80,15 @@ def run_seeds(scenario: Scenario, seeds: Iterable[int]) -> list[SeedOutcome]:
                 time.monotonic() - started,
                 failure,
                 details or "",
+                trace_digest(result.trace),
             )
         )
     return outcomes
+
+
+def trace_digest(trace: Sequence[tuple[str, str, str, str]]) -> str:
+    """A short digest of a run's trace (every yield point, in order)."""
+    return hashlib.sha256(repr(trace).encode()).hexdigest()[:16]
 
 
 def _worker_init(log_level: str, strict_warnings: bool) -> None:

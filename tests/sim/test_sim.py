@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.sim.model import InvariantViolation
-from tests.sim.parallel import Batch, SeedPool
+from tests.sim.parallel import CHUNK, Batch, SeedPool, trace_digest
 from tests.sim.runner import SimFailure, run_seed
 from tests.sim.scenarios import SCENARIOS, with_changes
 
@@ -103,3 +103,20 @@ def test_a_failing_seed_in_a_worker_is_reported_with_its_reproduction(
     assert line.startswith(
         f".venv/bin/python -m tests.sim --scenario changelog_writer --seed {failed[0].seed}   # "
     )
+
+
+def test_a_seed_runs_alike_in_a_worker_and_alone(
+    seed_pool: tuple[SeedPool, dict[str, Batch]],
+) -> None:
+    """What makes a worker's reproduction line true: a seed run in a worker, after other
+    seeds there, interleaves exactly as it does alone in this process."""
+    name = "gc_vs_snapshots"
+    if name not in seed_pool[1]:
+        pytest.skip(f"{name} was not selected")
+    ran = {o.seed: o for o in seed_pool[1][name].outcomes()}
+    seeds = sorted({1, CHUNK + 1, SEEDS - 1} & set(ran))  # each after another seed in its worker
+    assert seeds
+    for seed in seeds:
+        alone = run_seed(SCENARIOS[name], seed)
+        assert ran[seed].trace_digest == trace_digest(alone.trace), f"seed {seed}"
+        assert ran[seed].steps == alone.steps
