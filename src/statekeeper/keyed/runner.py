@@ -1,17 +1,20 @@
 """Running one partition of one micro-batch of a keyed processor: grouping, late rows, the
 initial state, the processor, the timers.
 
-The per-key path sorts the partition's input by key once, then hands each key its rows as a
-slice: a pandas DataFrame cut by one groupby over the sorted table (the pandas form) or a
-list of lightweight rows sliced from one list built column-wise (the Row form). The keys are
-encoded once and announced to the handle, which prefetches the states the processor reads.
+The partition's input is grouped with bounded memory (:mod:`statekeeper.keyed.grouping`:
+spilled runs, chunks of whole key groups); each chunk is sorted by key, and each key gets
+its rows as a slice: a pandas DataFrame cut by one groupby over the sorted chunk (the pandas
+form) or a list of lightweight rows sliced from one list built column-wise (the Row form).
+A chunk's keys are encoded once and announced to the handle, which prefetches the states
+the processor reads.
 In the operator's first micro-batch (the store at version 0) the initial rows, grouped the
 same way, go to ``handle_initial_state`` first, key by key. Then every timer due by the
 batch's clock fires, in order of expiry and key, whether or not
 its key (or the partition) had input; a timer is deleted as it fires.
 
-Nothing here knows Spark (it needs pyarrow and pandas): the Spark tasks feed it Arrow tables
-and a leased store, and :mod:`statekeeper.keyed.testing` drives the very same function.
+Nothing here knows Spark (it needs pyarrow and pandas): the Spark tasks feed it their input
+(a :class:`~statekeeper.keyed.grouping.KeyedInput`) and a leased store, and
+:mod:`statekeeper.keyed.testing` drives the very same function.
 """
 
 from __future__ import annotations
@@ -20,13 +23,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from statekeeper.keyed._handles import StatefulProcessorHandle
 from statekeeper.keyed._processor import StatefulProcessor, input_form
-from statekeeper.keyed._row_type import build_rows
 from statekeeper.keyed._timers import (
     ExpiredTimerInfo,
     Timers,
@@ -37,7 +37,13 @@ from statekeeper.keyed._timers import (
     write_event_clock,
 )
 from statekeeper.keyed._tuples import decode_key
-from statekeeper.keyed.arrow_keys import encode_keys
+from statekeeper.keyed.grouping import (
+    KEY_GROUP_COLUMN,
+    Grouped,
+    KeyedInput,
+    event_times_ms,
+    iter_groups,
+)
 from statekeeper.keyed.output import OutputWriter
 from statekeeper.store import StateStore
 
@@ -51,9 +57,6 @@ __all__ = [
     "iter_groups",
     "run_processor",
 ]
-
-KEY_GROUP_COLUMN = "__statekeeper_key_group"
-"""The input column that carries each row's key group (dropped before the processor)."""
 
 
 @dataclass
@@ -70,87 +73,6 @@ class RunStats:
     timers_fired: int = 0
     initial_rows: int = 0
     """Rows of the initial state handed to ``handle_initial_state`` (first batch only)."""
-
-
-def iter_groups(table: Any, keys: Sequence[str]) -> Iterator[tuple[tuple[Any, ...], Any]]:
-    """Split ``table`` into (key tuple, pandas DataFrame of that key's rows), in key order.
-
-    Rows keep their arrival order within a key (the sort is stable). Nulls form their own
-    key, and so do NaNs, as in Spark's grouping. A key-group column is dropped.
-    """
-    grouped = _Grouped.of(table, keys, grouped=KEY_GROUP_COLUMN in table.column_names)
-    if grouped is not None:
-        yield from zip(grouped.keys, grouped.frames(), strict=True)
-
-
-@dataclass
-class _Grouped:
-    """A table sorted by its keys: the key tuples, and where each key's rows start."""
-
-    ordered: Any
-    starts: Any
-    keys: list[tuple[Any, ...]]
-    encoded: list[bytes]
-    groups: list[int] | None
-    """Each key's key group (``None``: the operator has none)."""
-
-    @classmethod
-    def of(cls, table: Any, keys: Sequence[str], *, grouped: bool = False) -> _Grouped | None:
-        """Sort ``table`` by ``keys`` (stable); ``None`` if it has no rows. With ``grouped``,
-        each key's key group is read from :data:`KEY_GROUP_COLUMN`, which is then dropped
-        (the processor never sees it)."""
-        if table.num_rows == 0:
-            return None
-        # Nulls sort last by default; NaNs just before them.
-        order = pc.sort_indices(table, sort_keys=[(k, "ascending") for k in keys])
-        ordered = table.take(order)
-        starts = _group_starts(ordered, keys)
-        at = pa.array(starts)
-        groups = None
-        if grouped:
-            groups = ordered.column(KEY_GROUP_COLUMN).take(at).to_pylist()
-            ordered = ordered.drop_columns([KEY_GROUP_COLUMN])
-        arrays = [ordered.column(k).take(at) for k in keys]
-        columns = [array.to_pylist() for array in arrays]
-        keyed = list(zip(*columns, strict=True))
-        return cls(ordered, starts, keyed, encode_keys(arrays), groups)
-
-    def bounds(self) -> list[int]:
-        """``bounds[i]:bounds[i + 1]`` are the rows of key ``i``."""
-        return [*self.starts.tolist(), self.ordered.num_rows]
-
-    def frames(self) -> Iterator[Any]:
-        """One pandas DataFrame per key, in key order: slices of one frame, cut by a pandas
-        groupby on the (already sorted) group numbers, which is cheaper than ``iloc``."""
-        frame = self.ordered.to_pandas()
-        sizes = np.diff(np.asarray(self.bounds()))
-        groups = np.repeat(np.arange(len(sizes)), sizes)
-        for _, rows in frame.groupby(groups, sort=False):
-            yield rows
-
-    def rows(self) -> Iterator[list[Any]]:
-        """One list of lightweight rows per key, in key order."""
-        columns = [column.to_pylist() for column in self.ordered.columns]
-        every = build_rows(self.ordered.column_names, columns)
-        bounds = self.bounds()
-        for i in range(len(bounds) - 1):
-            yield every[bounds[i] : bounds[i + 1]]
-
-
-def _group_starts(table: Any, keys: Sequence[str]) -> Any:
-    """Row indices where a new key starts in a table sorted by ``keys``."""
-    n = table.num_rows
-    change = np.zeros(max(n - 1, 0), dtype=bool)
-    for k in keys:
-        column = table.column(k).combine_chunks()
-        after, before = column.slice(1), column.slice(0, n - 1)
-        differs = pc.fill_null(pc.not_equal(after, before), False)
-        differs = pc.or_(differs, pc.xor(pc.is_null(after), pc.is_null(before)))
-        if pa.types.is_floating(column.type):
-            both_nan = pc.fill_null(pc.and_(pc.is_nan(after), pc.is_nan(before)), False)
-            differs = pc.and_(differs, pc.invert(both_nan))
-        change |= differs.to_numpy(zero_copy_only=False)
-    return np.concatenate([[0], np.flatnonzero(change) + 1]).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -203,36 +125,15 @@ class BatchTime:
 _NO_TIME = TimeSpec()
 
 
-def event_times_ms(column: Any) -> Any:
-    """An Arrow timestamp column as int64 ms since the epoch (rounded down).
-
-    Raises:
-        TypeError: not a timestamp column.
-    """
-    if not pa.types.is_timestamp(column.type):
-        raise TypeError(f"the event-time column must be a timestamp, found {column.type}")
-    raw = column.cast(pa.int64())
-    unit = column.type.unit
-    if unit == "ms":
-        return raw
-    if unit == "s":
-        return pc.multiply(raw, 1000)
-    per_ms = 1000.0 if unit == "us" else 1_000_000.0
-    return pc.floor(pc.divide(raw.cast(pa.float64()), per_ms)).cast(pa.int64())
-
-
-def _late(table: Any, time: TimeSpec, watermark_ms: int, stats: RunStats) -> tuple[Any, int | None]:
+def _late(table: Any, time: TimeSpec, watermark_ms: int, stats: RunStats) -> Any:
     """``table`` without its late rows (event time at or before ``watermark_ms``, the
-    previous batch's watermark, as Spark drops them), and the largest event time of all
-    its rows."""
+    previous batch's watermark, as Spark drops them)."""
     if time.event_time_column is None or table.num_rows == 0:
-        return table, None
+        return table
     ms = event_times_ms(table.column(time.event_time_column))
-    top = pc.max(ms).as_py()
-    keep = pc.fill_null(pc.greater(ms, watermark_ms), True)
-    kept = table.filter(keep)
+    kept = table.filter(pc.fill_null(pc.greater(ms, watermark_ms), True))
     stats.late_rows += table.num_rows - kept.num_rows
-    return kept, top
+    return kept
 
 
 def _clocks(
@@ -315,6 +216,9 @@ def run_processor(
 ) -> Iterator[Any]:
     """Run ``processor`` over one partition's input; yields checked output batches.
 
+    ``table`` is the input: an Arrow table, or a :class:`KeyedInput` that was fed the
+    partition's batches (bounded memory; closed here).
+
     ``initial`` (an Arrow table with the key columns, and :data:`KEY_GROUP_COLUMN` with key
     groups) holds the partition's rows of the operator's initial state: if ``store`` is at
     version 0 (the operator's first micro-batch) they go to ``handle_initial_state``, one
@@ -339,11 +243,48 @@ def run_processor(
     """
     stats = stats if stats is not None else RunStats()
     batch = batch if batch is not None else BatchTime()
-    stats.rows_in += table.num_rows
+    source = _input_of(table, time)
+    try:
+        yield from _run(
+            store, processor, source, keys=keys, output_schema=output_schema,
+            operator=operator, batch_id=batch_id, partition=partition, now_ms=now_ms,
+            key_schema=key_schema, stats=stats, key_groups=key_groups, time=time,
+            batch=batch, initial=initial,
+        )  # fmt: skip
+    finally:
+        source.close()
+
+
+def _input_of(table: Any, time: TimeSpec) -> KeyedInput:
+    if isinstance(table, KeyedInput):
+        return table
+    grouped = KEY_GROUP_COLUMN in table.column_names
+    return KeyedInput.of(table, grouped=grouped, event_time_column=time.event_time_column)
+
+
+def _run(
+    store: StateStore,
+    processor: StatefulProcessor,
+    source: KeyedInput,
+    *,
+    keys: Sequence[str],
+    output_schema: Any,
+    operator: str,
+    batch_id: int,
+    partition: int,
+    now_ms: int | None,
+    key_schema: str | None,
+    stats: RunStats,
+    key_groups: int | None,
+    time: TimeSpec,
+    batch: BatchTime,
+    initial: Any,
+) -> Iterator[Any]:
+    stats.rows_in += source.num_rows
     form = input_form(processor)
     grouped_layout = key_groups is not None
     values, late_watermark, seen = _clocks(store, time, now_ms, batch, grouped_layout)
-    table, top = _late(table, time, late_watermark, stats)
+    top = source.max_event_ms
     known = [t for t in (seen, top, batch.batch_max_event_ms) if t is not None]
     handle = StatefulProcessorHandle(
         store, now_ms=now_ms, batch_id=batch_id, partition=partition, key_groups=key_groups,
@@ -355,7 +296,9 @@ def run_processor(
         _apply_initial(handle, processor, initial, keys, form, stats)
     where = f"operator {operator!r} partition {partition} micro-batch {batch_id}"
     writer = OutputWriter(output_schema, where, frames=form == "pandas")
-    yield from _run_keys(handle, processor, writer, table, keys, form, stats)
+    for chunk in source.chunks():
+        chunk = _late(chunk, time, late_watermark, stats)
+        yield from _run_keys(handle, processor, writer, chunk, keys, form, stats)
     yield from _fire_timers(handle, processor, writer, time, len(keys), stats)
     handle.set_key(None)
     processor.close()
@@ -379,7 +322,7 @@ def _apply_initial(
 ) -> None:
     """``handle_initial_state`` for every key of the initial rows, in key order."""
     check_initial_columns(table.column_names, keys)
-    grouped = _Grouped.of(table, keys, grouped=handle.key_groups is not None)
+    grouped = Grouped.of(table, keys, grouped=handle.key_groups is not None)
     if grouped is None:
         return
     handle.visit_keys(grouped.encoded, grouped.groups)
@@ -412,7 +355,7 @@ def _run_keys(
     stats: RunStats,
 ) -> Iterator[Any]:
     """``handle_input_rows`` for every key of ``table``, in key order."""
-    grouped = _Grouped.of(table, keys, grouped=handle.key_groups is not None)
+    grouped = Grouped.of(table, keys, grouped=handle.key_groups is not None)
     if grouped is None:
         return
     handle.visit_keys(grouped.encoded, grouped.groups)

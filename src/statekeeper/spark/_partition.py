@@ -34,6 +34,7 @@ __all__ = [
     "PART_COLUMN",
     "TS_COLUMN",
     "Partitioning",
+    "TaskInput",
     "collect",
     "key_group_of",
     "peek_partition",
@@ -123,6 +124,58 @@ def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+class TaskInput:
+    """A task's input batches without the timestamp and partition columns (the key-group
+    column stays); iterating them learns the timestamp and the state partition.
+
+    Attributes:
+        now_ms: the batch timestamp (``None`` without ``ts_column``, or before a row).
+        partition: the state partition of the rows (``None`` before a row).
+    """
+
+    def __init__(
+        self,
+        batches: Iterator[Any],
+        ts_column: str | None,
+        partitioning: Partitioning = _LEGACY,
+        *,
+        skip_empty: bool = True,
+    ) -> None:
+        """Read ``batches``, tagged as ``partitioning`` says, with the timestamp in
+        ``ts_column`` (if not ``None``); ``skip_empty=False`` passes empty batches on."""
+        self._skip_empty = skip_empty
+        self._batches = batches
+        self._ts_column = ts_column
+        self._partitioning = partitioning
+        self.now_ms: int | None = None
+        self.partition: int | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        """The batches (the non-empty ones, by default), our columns dropped.
+
+        Raises:
+            StateKeeperError: rows of several state partitions.
+        """
+        ts_column, partitioning = self._ts_column, self._partitioning
+        dropped = [*([] if ts_column is None else [ts_column]), *partitioning.dropped]
+        for batch in self._batches:
+            found = partitioning.of_batch(batch)
+            if found is None:
+                if not self._skip_empty:
+                    yield batch.drop_columns(dropped) if dropped else batch
+                continue
+            if self.partition is not None and found != self.partition:
+                raise StateKeeperError(
+                    f"one task received rows of state partitions {self.partition} and {found}"
+                )
+            self.partition = found
+            if self.now_ms is None and ts_column is not None:
+                column = batch.column(ts_column)
+                raw = column.cast(pa.int64())[0].as_py()
+                self.now_ms = round(raw * _UNIT_MS[column.type.unit])
+            yield batch.drop_columns(dropped) if dropped else batch
+
+
 def collect(
     batches: Iterator[Any], ts_column: str | None, partitioning: Partitioning = _LEGACY
 ) -> tuple[Any, int | None, int | None]:
@@ -132,59 +185,31 @@ def collect(
     Raises:
         StateKeeperError: rows of several state partitions.
     """
-    kept: list[Any] = []
-    now_ms: int | None = None
-    partition: int | None = None
-    dropped = [*([] if ts_column is None else [ts_column]), *partitioning.dropped]
-    for batch in batches:
-        found = partitioning.of_batch(batch)
-        if found is None:
-            continue
-        if partition is not None and found != partition:
-            raise StateKeeperError(
-                f"one task received rows of state partitions {partition} and {found}"
-            )
-        partition = found
-        if now_ms is None and ts_column is not None:
-            column = batch.column(ts_column)
-            raw = column.cast(pa.int64())[0].as_py()
-            now_ms = round(raw * _UNIT_MS[column.type.unit])
-        kept.append(batch.drop_columns(dropped))
-    if not kept:
-        return pa.table({}), now_ms, partition
-    return pa.Table.from_batches(kept), now_ms, partition
+    source = TaskInput(batches, ts_column, partitioning)
+    kept = list(source)
+    table = pa.Table.from_batches(kept) if kept else pa.table({})
+    return table, source.now_ms, source.partition
 
 
 def peek_partition(
     batches: Iterator[Any], partitioning: Partitioning = _LEGACY
 ) -> tuple[int | None, Iterator[Any]]:
     """The state partition of a streamed input, and the input without the partition column
-    (the key-group column stays).
+    (the key-group column stays; empty batches too).
 
     Only batches up to the first non-empty one are read ahead.
 
     Raises:
         StateKeeperError: rows of several state partitions (also while streaming later).
     """
+    source = TaskInput(batches, None, partitioning, skip_empty=False)
+    stream = iter(source)
     head: list[Any] = []
-    partition: int | None = None
-    for batch in batches:
+    for batch in stream:
         head.append(batch)
-        partition = partitioning.of_batch(batch)
-        if partition is not None:
+        if source.partition is not None:
             break
-    dropped = partitioning.dropped
-
-    def stripped() -> Iterator[Any]:
-        for batch in _chain(head, batches):
-            found = partitioning.of_batch(batch)
-            if found is not None and found != partition:
-                raise StateKeeperError(
-                    f"one task received rows of state partitions {partition} and {found}"
-                )
-            yield batch.drop_columns(dropped) if dropped else batch
-
-    return partition, stripped()
+    return source.partition, _chain(head, stream)
 
 
 def _chain(head: list[Any], rest: Iterator[Any]) -> Iterator[Any]:

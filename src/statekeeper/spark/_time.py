@@ -34,7 +34,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from statekeeper.errors import ConfigMismatchError
 from statekeeper.keyed import StatefulProcessor, key_group_range, validate_delay, validate_time_mode
-from statekeeper.keyed.runner import KEY_GROUP_COLUMN, BatchTime, TimeSpec, event_times_ms
+from statekeeper.keyed.runner import KEY_GROUP_COLUMN, TimeSpec, event_times_ms
 from statekeeper.spark._partition import Partitioning
 
 __all__ = [
@@ -174,14 +174,17 @@ def _beats(schema: Any, column: str | None, top: int | None, partitions: int, gr
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def split_heartbeats(table: Any, timing: TimeSpec) -> tuple[Any, BatchTime]:
-    """The task's input without heartbeats, and the batch's clocks they carry."""
-    if timing.time_mode is None or HEARTBEAT_COLUMN not in table.column_names:
-        return table, BatchTime()
-    mask = pc.fill_null(table.column(HEARTBEAT_COLUMN), False)
-    beats = table.filter(mask)
-    data = table.filter(pc.invert(mask)).drop_columns([HEARTBEAT_COLUMN])
+def split_heartbeats(batch: Any, timing: TimeSpec) -> tuple[Any, int | None]:
+    """One input batch without its heartbeats, and the largest event time they carry
+    (``None``: none, or no event time); the batch's largest event time is the max over all."""
+    if timing.time_mode is None or HEARTBEAT_COLUMN not in batch.schema.names:
+        return batch, None
+    mask = pc.fill_null(batch.column(HEARTBEAT_COLUMN), False)
+    if not pc.any(mask).as_py():
+        return batch.drop_columns([HEARTBEAT_COLUMN]), None
+    beats = batch.filter(mask)
+    data = batch.filter(pc.invert(mask)).drop_columns([HEARTBEAT_COLUMN])
     top = None
-    if timing.event_time_column is not None and beats.num_rows:
+    if timing.event_time_column is not None:
         top = pc.max(event_times_ms(beats.column(timing.event_time_column))).as_py()
-    return data, BatchTime(batch_max_event_ms=top)
+    return data, top

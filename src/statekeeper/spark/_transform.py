@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,8 @@ from statekeeper import layout
 from statekeeper.config import StoreConfig
 from statekeeper.errors import CommitConflictError, StateKeeperError
 from statekeeper.keyed import StatefulProcessor
+from statekeeper.keyed.grouping import KeyedInput
+from statekeeper.keyed.runner import BatchTime
 from statekeeper.spark._cache import CACHE, StoreSpec
 from statekeeper.spark._initial import (
     STAGED_SCHEMA,
@@ -73,7 +76,7 @@ from statekeeper.spark._partition import (
     PART_COLUMN,
     TS_COLUMN,
     Partitioning,
-    collect,
+    TaskInput,
     key_group_of,
     peek_partition,
     target_partition,
@@ -503,28 +506,51 @@ def _commit(store: StateStore, spec: _TaskSpec, ctx: TaskIdentity) -> CommitInfo
 
 def _rows_task(spec: _TaskSpec, processor: StatefulProcessor, batches: Any) -> Iterator[Any]:
     started = time.perf_counter()
-    assert spec.ts_column is not None
-    # keys come together
-    table, now_ms, data_partition = collect(batches, spec.ts_column, spec.partitioning)
-    table, batch = split_heartbeats(table, spec.time)
-    ctx = _identity(spec, data_partition)
-    lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id)
+    # The whole input is read before the first key runs (a key's rows may come last), into
+    # runs spilled by key group beyond a budget: memory stays bounded (keyed.grouping).
+    source = KeyedInput(
+        grouped=spec.key_groups is not None, spill_dir=_spill_dir(),
+        event_time_column=spec.time.event_time_column,
+    )  # fmt: skip
+    try:
+        task_input = TaskInput(batches, spec.ts_column, spec.partitioning)
+        beats: list[int] = []
+        for batch in task_input:
+            data, top = split_heartbeats(batch, spec.time)
+            source.add(data)
+            if top is not None:
+                beats.append(top)
+        ctx = _identity(spec, task_input.partition)
+        lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id)
+    except BaseException:
+        source.close()
+        raise
     stats = RunStats()
     try:
         blobs = lease.entry.backend.blobs
         initial = initial_rows(blobs, spec.initial, ctx.partition, ctx.batch_id)
         yield from run_processor(
-            lease.store, processor, table, keys=spec.keys, output_schema=spec.output_schema,
+            lease.store, processor, source, keys=spec.keys, output_schema=spec.output_schema,
             operator=spec.store.operator, batch_id=ctx.batch_id, partition=ctx.partition,
-            now_ms=now_ms, key_schema=spec.key_schema, stats=stats, key_groups=spec.key_groups,
-            time=spec.time, batch=batch, initial=initial,
+            now_ms=task_input.now_ms, key_schema=spec.key_schema, stats=stats,
+            key_groups=spec.key_groups, time=spec.time,
+            batch=BatchTime(batch_max_event_ms=max(beats, default=None)), initial=initial,
         )  # fmt: skip
         info = _commit(lease.store, spec, ctx)
     except BaseException:
         CACHE.release(lease, ok=False)
         raise
+    finally:
+        source.close()
     CACHE.release(lease, ok=True)
     report_task(lease, info, stats, ctx, time.perf_counter() - started)
+
+
+def _spill_dir() -> str | None:
+    """Spark's local directory of this executor (it gives Python workers
+    ``SPARK_LOCAL_DIRS``), where spilled input goes; ``None``: the system's temporary one."""
+    dirs = os.environ.get("SPARK_LOCAL_DIRS", "")
+    return dirs.split(",")[0] or None
 
 
 def _arrow_task(spec: _TaskSpec, fn: ArrowFunction, batches: Any) -> Iterator[Any]:
