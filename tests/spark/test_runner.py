@@ -178,3 +178,19 @@ def test_the_vectorized_store_refuses_keys_outside_its_key_groups(
         legacy = PartitionStore(store, batch_id=0, partition=1)
         assert legacy.state_keys(batch, ["k"]) == encode_keys([batch.column("k")])
         legacy.put(encode_key(("c",)), b"1")  # a 0.1 operator's keys are free
+
+
+def test_put_many_refuses_a_foreign_key_among_many_and_puts_none(
+    backend: StateBackend,
+) -> None:
+    """``put_many`` checks the smallest and largest key for all: one key of another
+    partition's key group, anywhere in the batch, refuses the whole batch."""
+    with backend.open("op", 1) as store:
+        view = PartitionStore(store, batch_id=0, partition=1, key_groups=4096, partitions=2)
+        good = [(b"\x08\x00" + encode_key((f"k{i}",)), b"1") for i in range(100)]
+        foreign = (b"\x10\x00" + encode_key(("x",)), b"1")  # key group 4096: out of range
+        with pytest.raises(StateKeeperError, match="got key 0x1000"):
+            view.put_many([*good[:50], foreign, *good[50:]])
+        assert list(store.scan(b"\x08")) == []
+        view.put_many(iter(good))
+        assert len(list(store.scan(b"\x08"))) == 100

@@ -10,14 +10,13 @@ as the in-store layout of an operator with key groups wants.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-from statekeeper.keyed._layout import group_prefix
 from statekeeper.keyed._tuples import encode_element, encode_key
 
 __all__ = ["encode_keys"]
@@ -42,29 +41,57 @@ def encode_keys(columns: Sequence[Any], key_groups: Any | None = None) -> list[b
         ValueError: ``key_groups`` has another length, or holds a null or an out-of-range
             key group.
     """
-    keys = _encode_keys(columns)
     if key_groups is None:
-        return keys
-    groups = key_groups.to_pylist() if hasattr(key_groups, "to_pylist") else list(key_groups)
-    if len(groups) != len(keys):
-        raise ValueError(f"expected {len(keys)} key groups, one per key; got {len(groups)}")
+        return _encode_keys(columns)
+    prefixes = _prefixes(key_groups)
+    rows = len(columns[0]) if columns else 0
+    if len(prefixes) != rows:
+        raise ValueError(f"expected {rows} key groups, one per key; got {len(prefixes)}")
+    return _encode_keys(columns, prefixes)
+
+
+def _prefixes(key_groups: Any) -> Any:
+    """Two bytes big-endian per key group, as a fixed-size binary Arrow array (no Python
+    loop over rows).
+
+    Raises:
+        ValueError: a null, a non-integer or an out-of-range key group.
+    """
+    if isinstance(key_groups, pa.ChunkedArray):
+        key_groups = key_groups.combine_chunks()
+    if isinstance(key_groups, pa.Array):
+        if key_groups.null_count:
+            raise ValueError("key groups must be ints from 0 to 65535: found a null")
+        key_groups = key_groups.to_numpy(zero_copy_only=False)
     try:
-        return [group_prefix(g) + k for g, k in zip(groups, keys, strict=True)]
-    except (TypeError, struct.error) as exc:
+        groups = np.asarray(key_groups)
+        if groups.size and groups.dtype.kind not in "iu":
+            raise TypeError(f"found {groups.dtype}")
+        groups = groups.astype(np.int64, copy=False)
+    except (TypeError, ValueError) as exc:
         raise ValueError(f"key groups must be ints from 0 to 65535: {exc}") from exc
+    if groups.size and (groups.min() < 0 or groups.max() > 0xFFFF):
+        raise ValueError(
+            f"key groups must be ints from 0 to 65535: found {groups.min()} to {groups.max()}"
+        )
+    data = pa.py_buffer(groups.astype(">u2").tobytes())
+    return pa.Array.from_buffers(pa.binary(2), len(groups), [None, data])
 
 
-def _encode_keys(columns: Sequence[Any]) -> list[bytes]:
+def _encode_keys(columns: Sequence[Any], prefixes: Any = None) -> list[bytes]:
     if not columns:
         return []
     end = pa.scalar(_END, pa.large_binary())
-    parts = []
+    parts = [] if prefixes is None else [prefixes.cast(pa.large_binary())]
     for column in columns:
         kind = column.type
         text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
         binary = pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
         if column.null_count or not (text or binary):
-            return [encode_key(key) for key in zip(*(c.to_pylist() for c in columns), strict=True)]
+            keys = [encode_key(key) for key in zip(*(c.to_pylist() for c in columns), strict=True)]
+            if prefixes is None:
+                return keys
+            return [g + k for g, k in zip(prefixes.to_pylist(), keys, strict=True)]
         escaped = pc.replace_substring(column.cast(pa.large_binary()), b"\x00", b"\x00\xff")
         parts += [pa.scalar(_STR_TAG if text else _BYTES_TAG, pa.large_binary()), escaped, end]
     joined = pc.binary_join_element_wise(*parts, pa.scalar(b"", pa.large_binary()))

@@ -7,11 +7,12 @@ vectorized form's run and its :class:`PartitionStore` are here.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from statekeeper.errors import StateKeeperError
-from statekeeper.keyed import key_group_range
+from statekeeper.keyed import group_prefix, key_group_range
 from statekeeper.keyed.arrow_keys import encode_keys
 from statekeeper.keyed.output import conform_batch
 from statekeeper.keyed.runner import KEY_GROUP_COLUMN, RunStats, iter_groups, run_processor
@@ -55,6 +56,11 @@ class PartitionStore:
         self._owned = (
             None if key_groups is None else key_group_range(partition, partitions or 1, key_groups)
         )
+        # Keys this partition may put: group_prefix(first owned) <= key < group_prefix(last
+        # owned + 1), compared as bytes (one comparison, also for min and max of many keys).
+        owned = self._owned
+        self._low = b"" if owned is None else group_prefix(owned.start)
+        self._high = None if owned is None else group_prefix(owned.stop)
 
     def state_keys(self, batch: Any, columns: Sequence[str]) -> list[bytes]:
         """The store keys of a batch's rows: ``encode_key`` of ``columns``, each prefixed
@@ -71,12 +77,21 @@ class PartitionStore:
         return encode_keys(arrays, batch.column(KEY_GROUP_COLUMN))
 
     def _check(self, key: bytes) -> None:
-        owned = self._owned
-        if owned is not None and int.from_bytes(key[:2], "big") not in owned:
+        high = self._high
+        if high is None:
+            return
+        if not isinstance(key, bytes):
+            if not isinstance(key, bytearray | memoryview):
+                return  # the store's put refuses it with a TypeError
+            key = bytes(key)
+        if not self._low <= key < high:
+            owned = self._owned
+            assert owned is not None
             raise StateKeeperError(
                 f"partition {self.partition} owns key groups {owned.start} to "
                 f"{owned.stop - 1}, and every key put must start with its key group (two "
-                f"bytes); got key 0x{key[:16].hex()}: build keys with store.state_keys(...)"
+                f"bytes); got key 0x{bytes(key[:16]).hex()}: build keys with "
+                "store.state_keys(...)"
             )
 
     def __repr__(self) -> str:
@@ -119,11 +134,22 @@ class PartitionStore:
         Raises:
             TypeError, ValueError: as :meth:`StateStore.put`.
             StateKeeperError: with key groups, a key does not start with one this partition
-                owns.
+                owns (then nothing is put).
         """
-        put, check = self._store.put, self._check
-        for key, value in items:
-            check(key)
+        pairs = items if isinstance(items, list) else list(items)
+        if self._high is not None and pairs:
+            # The smallest and the largest key decide for all (no Python loop per key).
+            first = operator.itemgetter(0)
+            try:
+                low, high = min(pairs, key=first)[0], max(pairs, key=first)[0]
+                inside = self._low <= low and high < self._high
+            except TypeError:  # keys of several types: check one by one
+                inside = False
+            if not inside:
+                for key, _ in pairs:
+                    self._check(key)
+        put = self._store.put
+        for key, value in pairs:
             put(key, value)
 
     def delete_many(self, keys: Iterable[bytes]) -> None:
