@@ -65,6 +65,8 @@ class CommitInfo:
     """Sum of key and value lengths of the changed records."""
     bytes_uploaded: int
     duration_s: float
+    """Wall time of ``commit`` (the occasional write of buffered metrics excepted): what the
+    commit metrics record as its latency."""
     blob: str
     """Key of the blob that commits the version: a changelog, or a snapshot index."""
     snapshot: bool = False
@@ -75,9 +77,10 @@ class CommitInfo:
     """Where ``duration_s`` went, in milliseconds, by phase: ``encode`` (sorting and
     framing the changes), ``compress``, ``checksum``, ``upload`` (blob-store writes of the
     changelog and the manifest, their fsyncs excluded), ``fsync`` (local root only),
-    ``apply`` (the RocksDB write of the working copy), ``metrics`` (writing buffered
-    commit metrics, every ``metrics_every`` commits) and ``other`` (the rest). A
-    snapshot-mode commit reports ``snapshot`` for its upload."""
+    ``apply`` (the RocksDB write of the working copy) and ``other`` (the rest), which add
+    up to ``duration_s``; a snapshot-mode commit reports ``snapshot`` for its upload. Every
+    ``metrics_every`` commits, ``metrics`` is the write of the buffered commit metrics,
+    which follows the recorded duration (a commit cannot record its own recording)."""
 
 
 @dataclass(frozen=True)
@@ -323,7 +326,9 @@ class StateStore:
         with _phases.measure() as phases:
             info = self._commit(order, started)
             elapsed = time.perf_counter_ns() - started
-            info = dataclasses.replace(info, phases_ms=_phases_ms(phases, elapsed))
+            info = dataclasses.replace(
+                info, duration_s=elapsed / 1e9, phases_ms=_phases_ms(phases, elapsed)
+            )
             self._metrics.append(
                 from_commit(
                     info.version, info.duration_s, info.bytes_uploaded, info.puts + info.deletes,
@@ -333,12 +338,12 @@ class StateStore:
             if self._job is not None and info.snapshot_scheduled:
                 self._job.metrics, self._metrics = self._metrics, []  # written in the background
             elif len(self._metrics) >= self._config.metrics_every:
+                # After the duration was taken: a commit cannot record its own recording.
                 with _phases.phase("metrics"):
                     self._write_metrics()
-        elapsed = time.perf_counter_ns() - started
-        info = dataclasses.replace(
-            info, duration_s=elapsed / 1e9, phases_ms=_phases_ms(phases, elapsed)
-        )
+                info = dataclasses.replace(
+                    info, phases_ms={**info.phases_ms, "metrics": phases["metrics"] / 1e6}
+                )
         _log.debug("committed %s", info)
         return info
 
