@@ -326,11 +326,13 @@ def test_an_order_sensitive_state_is_one_attempts_order_per_batch(
     # restart ran batch 2 again everywhere.
     victims = [p for p in range(PARTITIONS) if logs[(KILL_BATCH, p)][0]["executor"] == killed[0]]
     assert victims
-    reruns = {p: len([g for g in logs[(KILL_BATCH, p)] if not g["raised"]]) for p in victims}
-    assert reruns == dict.fromkeys(victims, 2)
-    assert all(
-        len([g for g in logs[(CLOSE_BATCH, p)] if not g["raised"]]) == 2 for p in range(PARTITIONS)
-    )
+    # (At least: a retry for another cause is allowed, the newest attempt's order is checked.)
+    runs = {
+        (b, p): len([g for g in logs[(b, p)] if not g["raised"]])
+        for b, partitions in ((KILL_BATCH, victims), (CLOSE_BATCH, range(PARTITIONS)))
+        for p in partitions
+    }
+    assert min(runs.values()) >= 2, runs
 
     # The sink saw what the state holds: each (key, batch) once, its whole list then, a
     # prefix of the final list as long as the key's rows up to that batch.
