@@ -18,9 +18,8 @@ MIB = 1024 * 1024
 
 
 def _config(local: Path, **fields: object) -> sk.StoreConfig:
-    return sk.StoreConfig(
-        local_dir=str(local), changelog_part_bytes=MIB, snapshot_every=10_000, **fields
-    )  # type: ignore[arg-type]
+    fields = {"changelog_part_bytes": MIB, "snapshot_every": 10_000, **fields}
+    return sk.StoreConfig(local_dir=str(local), **fields)  # type: ignore[arg-type]
 
 
 def _changes(count: int, size: int, seed: int) -> dict[bytes, bytes | None]:
@@ -52,6 +51,8 @@ def _commit_and_reopen(root: str, options: dict[str, str], tmp: Path) -> None:
             else:
                 store.put(key, value)
         info = store.commit()
+        expected = {k: v for k, v in changes.items() if v is not None}
+        assert dict(store.scan()) == expected  # applied a part at a time, then labelled clean
         history = store_history(backend, "op", 0)
         parts = _part_headers(backend.blobs, info.blob)
         blob_size = backend.blobs.head(info.blob).size
@@ -64,11 +65,16 @@ def _commit_and_reopen(root: str, options: dict[str, str], tmp: Path) -> None:
     ).format_version == FORMAT_VERSION  # fmt: skip
     assert info.bytes_uploaded == blob_size
     assert (info.puts, info.deletes) == (len(changes) - 1, 1)
-    # A new working copy replays it part by part, and sees exactly the commit.
+    # The writer's copy is current; a new working copy replays it part by part. Both see
+    # exactly the commit.
+    again = sk.StateBackend(root, config=_config(tmp / "a"), storage_options=options)
+    with again, again.open("op", 0) as store:
+        assert store.restore_info.base_kind == "local"
+        assert dict(store.scan()) == expected
     fresh = sk.StateBackend(root, config=_config(tmp / "b"), storage_options=options)
     with fresh, fresh.open("op", 0) as store:
         assert store.restore_info.changelogs_replayed == 2
-        assert dict(store.scan()) == {k: v for k, v in changes.items() if v is not None}
+        assert dict(store.scan()) == expected
 
 
 def backend_blobs(root: str, options: dict[str, str]) -> BlobStore:
@@ -175,3 +181,28 @@ def test_memory_of_a_commit_and_its_replay_is_bounded_by_the_part_size(tmp_path:
     print(f"peaks: commit {commit_peak / MIB:.1f} MiB, replay {replay_peak / MIB:.1f} MiB")
     assert commit_peak < 12 * MIB, commit_peak
     assert replay_peak < 12 * MIB, replay_peak
+
+
+def test_a_scheduled_snapshot_never_sees_a_commit_half_applied(tmp_path: Path) -> None:
+    """A commit of several parts is applied a part at a time: a background snapshot
+    scheduled by the commit before takes its checkpoint first, so every snapshot holds
+    exactly one version."""
+    root = str(tmp_path / "root")
+    backend = sk.StateBackend(root, config=_config(tmp_path / "a", snapshot_every=1))
+    first = {b"k%06d" % i: b"one" for i in range(100)}
+    with backend, backend.open("op", 0) as store:
+        for key, value in first.items():
+            store.put(key, value)
+        assert store.commit().snapshot_scheduled
+        for key, value in _changes(3000, 1000, seed=1).items():
+            if value is not None:
+                store.put(key, value)
+        store.commit()
+    for version, want in ((1, first), (2, None)):
+        fresh = sk.StateBackend(root, config=_config(tmp_path / f"v{version}"))
+        with fresh, fresh.open("op", 0, version=version) as store:
+            state = dict(store.scan())
+            if want is not None:
+                assert state == want
+            else:
+                assert len(state) == 3000

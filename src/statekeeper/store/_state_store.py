@@ -418,8 +418,9 @@ class StateStore:
             )
 
         key = layout.attempt_changelog_key(self._operator, self._partition, new_version, attempt)
+        parts = encode()
         try:
-            size = self._upload_changelog(key, encode)
+            size = self._upload_changelog(key, parts, encode)
         except CommitConflictError:
             # The name is this attempt's own: an earlier try of this commit wrote it (the
             # same changes: any change since makes a new attempt).
@@ -427,18 +428,25 @@ class StateStore:
             size = 0
         with _phases.phase("upload"):
             adopted = self._publish(new_version, attempt, order, "changelog", key, records)
-        self._apply_locally(records, new_version, adopted or attempt)
+        slices = None
+        if parts.count > 1:  # as the changelog is written: a part at a time
+            slices = [
+                (start, stop) for start, stop, _ in columns.split(self._config.changelog_part_bytes)
+            ]
+        self._apply_locally(records, new_version, adopted or attempt, slices)
         return key, size
 
-    def _upload_changelog(self, key: str, encode: Callable[[], ChangelogParts]) -> int:
-        """Write the changelog ``encode`` makes at ``key``: one ``put`` for one part (nearly
-        every commit), else streamed a part at a time (one part in memory, not the whole).
+    def _upload_changelog(
+        self, key: str, parts: ChangelogParts, encode: Callable[[], ChangelogParts]
+    ) -> int:
+        """Write the changelog ``parts`` at ``key``: one ``put`` for one part (nearly every
+        commit), else streamed a part at a time (one part in memory, not the whole), a retry
+        encoding them again with ``encode``.
 
         Raises:
             CommitConflictError: the blob exists.
             StorageError: the upload failed.
         """
-        parts = encode()
         if parts.count == 1:
             blob = next(parts)
             with _phases.phase("upload"):
@@ -447,27 +455,41 @@ class StateStore:
         first: list[ChangelogParts] = [parts]
 
         def chunks() -> ChangelogParts:
-            # The parts already made go first; a retry of the upload encodes them again.
             return first.pop() if first else encode()
 
         with _phases.phase("upload"):
             return put_stream(self._blobs, key, chunks)
 
     def _apply_locally(
-        self, records: list[tuple[bytes, bytes | None]], version: int, attempt: str
+        self,
+        records: list[tuple[bytes, bytes | None]],
+        version: int,
+        attempt: str,
+        slices: list[tuple[int, int]] | None = None,
     ) -> None:
         """Apply a committed version to the working copy (with the undo record that steps
-        it back), and flush if due.
+        it back), and flush if due. With ``slices`` (a commit of several changelog parts)
+        each slice of ``records`` is its own write, so RocksDB holds one slice's batch at a
+        time; the copy is labelled dirty until the last (a crash in between leaves a copy
+        no open trusts, never a mix labelled as a version).
 
         Raises:
             StateKeeperError: the local write failed (a full disk, a damaged copy): the
                 commit is durable all the same; the store is failed and its copy released.
         """
+        slices = slices or [(0, len(records))]
+        if len(slices) > 1 and self._job is not None:
+            # A scheduled snapshot must check the copy out before it is dirty: between the
+            # slices it holds part of a version.
+            self._job.ensure_checkpoint()
         try:
             with _phases.phase("apply"):
-                self._copy.apply(
-                    records, version=version, root_id=self._root_id, attempt=attempt, undo=True
-                )
+                for i, (start, stop) in enumerate(slices):
+                    self._copy.apply(
+                        records if len(slices) == 1 else records[start:stop],
+                        version=version, root_id=self._root_id, attempt=attempt, undo=True,
+                        dirty=i + 1 < len(slices),
+                    )  # fmt: skip
                 self._copy.flush_if_due()
         except StateKeeperError as exc:
             raise self._local_failure(version, attempt, exc, committed=True) from exc
