@@ -10,6 +10,8 @@ JSON document comparing the sizes side by side:
   changes, compressing, checksumming, uploading the changelog and the manifest with their
   fsyncs, applying to RocksDB). The ``put`` calls between commits are not timed (they
   only fill the in-memory overlay);
+* ``commit_cpu_p50_ms``: CPU time of the committing thread during ``commit()`` (excludes
+  waiting for fsyncs and for other processes: the steadier figure on a shared machine);
 * ``phases_p50_ms``: where that time went, per phase (``CommitInfo.phases_ms``: encode,
   compress, checksum, upload, fsync, apply, metrics, other), the median of each phase
   over the commits (so they need not add up to ``commit_p50_ms`` exactly);
@@ -117,13 +119,15 @@ def run_size(
         started = time.perf_counter()
         _load(store, size, value_bytes)
         load_s = time.perf_counter() - started
-        latencies, uploaded, raw, infos = [], [], [], []
+        latencies, uploaded, raw, infos, cpu = [], [], [], [], []
         requests: Counter[str] = Counter()
         for _ in range(commits):
             for i in rng.sample(range(size), changed):
                 store.put(KEY_FMT % i, os.urandom(value_bytes))
             before = Counter(blobs.calls)
+            cpu_started = time.thread_time()
             info = store.commit()
+            cpu.append((time.thread_time() - cpu_started) * 1000)
             requests += blobs.calls - before
             latencies.append(info.duration_s * 1000)
             uploaded.append(info.bytes_uploaded)
@@ -138,6 +142,7 @@ def run_size(
         "commit_p50_ms": round(_percentile(latencies, 0.50), 2),
         "commit_p99_ms": round(_percentile(latencies, 0.99), 2),
         "commit_mean_ms": round(statistics.fmean(latencies), 2),
+        "commit_cpu_p50_ms": round(_percentile(cpu, 0.50), 2),
         "bytes_uploaded_per_commit": round(statistics.fmean(uploaded)),
         "raw_bytes_per_commit": round(statistics.fmean(raw)),
         "upload_to_raw_ratio": round(sum(uploaded) / sum(raw), 3),
@@ -206,7 +211,15 @@ def main(argv: list[str] | None = None) -> int:
         "p50_ratio_largest_to_smallest": round(large["commit_p50_ms"] / small["commit_p50_ms"], 3),
         "protocols": {
             p: [
-                {k: r[k] for k in ("state_keys", "commit_p50_ms", "requests_per_commit")}
+                {
+                    k: r[k]
+                    for k in (
+                        "state_keys",
+                        "commit_p50_ms",
+                        "commit_cpu_p50_ms",
+                        "requests_per_commit",
+                    )
+                }
                 for r in rs
             ]
             for p, rs in by_protocol.items()

@@ -157,6 +157,7 @@ def _phases(data: dict[str, Any]) -> list[str]:
         "median of each phase of `CommitInfo.phases_ms`, in ms (medians, so they need not add "
         "up to the p50). `upload` is the blob-store writes of the changelog and the manifest, "
         "`fsync` their four fsyncs (file and folder of each)"
+        + (f"; {data['conditions']}" if data.get("conditions") else "")
         + (f"; 1-minute load average of the machine at the end: {load}" if load else "")
         + ".",
         "",
@@ -173,6 +174,7 @@ def _protocols(protocols: dict[str, list[dict[str, Any]]]) -> list[str]:
             name,
             f"{r['state_keys']:,}",
             r["commit_p50_ms"],
+            r.get("commit_cpu_p50_ms", "-"),
             ", ".join(f"{n:g} {kind}" for kind, n in r["requests_per_commit"].items()),
         ]
         for name, results in protocols.items()
@@ -181,9 +183,10 @@ def _protocols(protocols: dict[str, list[dict[str, Any]]]) -> list[str]:
     return [
         "",
         "Before and after the format-2 commit protocol (0.1.0 run from its sources in git, "
-        "same machine, same run; background snapshots off):",
+        "same machine, same run; background snapshots off). CPU ms: CPU time of the "
+        "committing thread, steadier than wall time on a shared machine:",
         "",
-        *_table(["protocol", "state keys", "p50 ms", "blob requests / commit"], rows),
+        *_table(["protocol", "state keys", "p50 ms", "CPU p50 ms", "blob requests / commit"], rows),
     ]
 
 
