@@ -23,7 +23,8 @@ mapInArrow(task) -> repartitionById``:
   the user appends runs in a later stage, and the operator's task ids are always its
   shuffle partitions. The price is one shuffle of the *output* (usually far smaller than
   the input). A non-empty task checks that its data and its task id agree.
-* Inside a task the micro-batch id ``b`` is the local property ``streaming.sql.batchId``:
+* Inside a task (:mod:`statekeeper.spark._tasks`) the micro-batch id ``b`` is the local
+  property ``streaming.sql.batchId``:
   the task leases its partition's store at version ``b`` (``_cache``), runs the processor,
   yields the output and only then commits version ``b + 1``, so a task that fails or whose
   output is abandoned commits nothing. Then it writes a task report into the root
@@ -44,13 +45,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
-import os
-import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -58,16 +55,11 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from statekeeper import layout
 from statekeeper.config import StoreConfig
-from statekeeper.errors import CommitConflictError, StateKeeperError
 from statekeeper.keyed import StatefulProcessor
-from statekeeper.keyed.grouping import KeyedInput
-from statekeeper.keyed.runner import BatchTime
-from statekeeper.spark._cache import CACHE, StoreSpec
+from statekeeper.spark._cache import StoreSpec
 from statekeeper.spark._initial import (
     STAGED_SCHEMA,
-    Staged,
     check_initial,
-    initial_rows,
     stage_for_batch_zero,
 )
 from statekeeper.spark._listener import register_operator
@@ -76,24 +68,21 @@ from statekeeper.spark._partition import (
     PART_COLUMN,
     TS_COLUMN,
     Partitioning,
-    TaskInput,
     key_group_of,
-    peek_partition,
     target_partition,
 )
-from statekeeper.spark._reports import TaskIdentity, report_task
-from statekeeper.spark._runner import ArrowFunction, RunStats, run_arrow, run_processor
+from statekeeper.spark._runner import ArrowFunction
+from statekeeper.spark._tasks import TaskSpec, arrow_task, rows_task
 from statekeeper.spark._time import (
     HEARTBEAT_COLUMN,
     TimeSpec,
     refuse_legacy_time,
     refuse_unused_timers,
-    split_heartbeats,
     time_spec,
     with_heartbeats,
 )
 from statekeeper.storage import open_blob_store
-from statekeeper.store import CommitInfo, StateBackend, StateStore
+from statekeeper.store import StateBackend
 
 __all__ = ["transform_with_state", "transform_with_state_arrow"]
 
@@ -114,27 +103,6 @@ _KEY_TYPES = (
     T.TimestampType,
     T.TimestampNTZType,
 )
-
-
-@dataclass(frozen=True)
-class _TaskSpec:
-    store: StoreSpec
-    keys: tuple[str, ...]
-    key_schema: str | None
-    output_schema: Any  # pa.Schema
-    ts_column: str | None
-    generation: int
-    key_groups: int | None
-    """The operator's key groups as the root records them (``None``: a 0.1 operator)."""
-    time: TimeSpec = _NO_TIME
-    """The operator's time mode and event time."""
-    initial: tuple[Staged, ...] | None = None
-    """The staged initial state, per partition that has rows (``None``: none to apply)."""
-
-    @property
-    def partitioning(self) -> Partitioning:
-        """How the operator's rows carry their partition."""
-        return Partitioning(self.store.partitions, self.key_groups)
 
 
 # -- driver side ---------------------------------------------------------------------------
@@ -250,7 +218,7 @@ def transform_with_state(
             staged_schema,
         )  # fmt: skip
         spec = dataclasses.replace(spec, initial=staged)
-    task = functools.partial(_rows_task, spec, processor)
+    task = functools.partial(rows_task, spec, processor)
     if timing.time_mode is None:
         return _plan(df, key_names, spec.partitioning, task, schema, with_ts=True)
     with_beats = functools.partial(with_heartbeats, timing=timing, partitioning=spec.partitioning)
@@ -295,7 +263,7 @@ def transform_with_state_arrow(
         df, key_names, schema, checkpoint, name, partitions, config, storage_options,
         lock_timeout_s, ts_column=None,
     )  # fmt: skip
-    task = functools.partial(_arrow_task, spec, fn)
+    task = functools.partial(arrow_task, spec, fn)
     return _plan(df, key_names, spec.partitioning, task, schema, with_ts=False)
 
 
@@ -393,7 +361,7 @@ def _prepare(
     *,
     ts_column: str | None,
     timing: TimeSpec = _NO_TIME,
-) -> _TaskSpec:
+) -> TaskSpec:
     """Validate, register the operator in the root (checking ``partitions``), start a run."""
     layout.validate_operator(name)
     if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
@@ -422,7 +390,7 @@ def _prepare(
         root, name, partitions, config, StoreSpec.options(storage_options), float(lock_timeout_s)
     )
     key_schema = T.StructType([df.schema[k] for k in key_names]).json()
-    return _TaskSpec(
+    return TaskSpec(
         store, tuple(key_names), key_schema, _arrow_schema(spark, schema), ts_column,
         generation, key_groups, timing,
     )  # fmt: skip
@@ -440,137 +408,6 @@ def _refuse_speculation(spark: SparkSession) -> None:
             "copy of a task would run a partition's processor twice at once on one store, "
             "and only one of them may commit its state. Turn speculation off for this query"
         )
-
-
-# -- task side -----------------------------------------------------------------------------
-
-
-def _task_context() -> tuple[TaskContext, int, str]:
-    """The Spark task, its micro-batch id and query id.
-
-    Raises:
-        StateKeeperError: not in a Spark task, or not in a streaming micro-batch.
-    """
-    tc = TaskContext.get()
-    if tc is None:
-        raise StateKeeperError("statekeeper tasks must run inside a Spark task")
-    raw = tc.getLocalProperty("streaming.sql.batchId")
-    if raw is None:
-        raise StateKeeperError(
-            "this task has no micro-batch id (local property streaming.sql.batchId): the "
-            "output of transform_with_state must be run by a streaming query"
-        )
-    return tc, int(raw), tc.getLocalProperty("sql.streaming.queryId") or ""
-
-
-def _identity(spec: _TaskSpec, data_partition: int | None) -> TaskIdentity:
-    """Who runs this task; the state partition is the data's, checked against the task's.
-
-    Raises:
-        StateKeeperError: the data and the task id disagree (the plan was changed so that
-            the operator no longer ends its stage), or not in a streaming task.
-    """
-    tc, batch_id, query_id = _task_context()
-    task_partition = tc.partitionId()
-    partition = task_partition if data_partition is None else data_partition
-    if task_partition != partition or partition >= spec.store.partitions:
-        raise StateKeeperError(
-            f"operator {spec.store.operator!r} micro-batch {batch_id}: task {task_partition} "
-            f"received rows of state partition {partition} (of {spec.store.partitions}). The "
-            "operator's stage must end with its own exchange, as transform_with_state plans "
-            "it; a changed plan would give empty partitions the wrong state"
-        )
-    # PySpark's TaskContext has no stage attempt number; the task attempt id serves: it
-    # grows with every task attempt of the application, so a retried stage's tasks order
-    # after the attempt they retry (and a new application starts a new generation).
-    return TaskIdentity(
-        batch_id, partition, query_id, tc.stageId(), tc.taskAttemptId(), tc.attemptNumber()
-    )
-
-
-def _commit(store: StateStore, spec: _TaskSpec, ctx: TaskIdentity) -> CommitInfo:
-    order = (spec.generation, ctx.stage_id, ctx.stage_attempt, ctx.attempt)
-    try:
-        return store.commit(order=order)
-    except CommitConflictError as exc:
-        raise CommitConflictError(
-            f"micro-batch {ctx.batch_id} of operator {spec.store.operator!r} partition "
-            f"{ctx.partition} could not commit version {ctx.batch_id + 1} (attempt order "
-            f"{order}): a newer run of this operator wrote the store (this task is left over "
-            "from an earlier run), or the batch was re-run with other state changes by the "
-            "same attempt. The processor must be deterministic for a given input (use "
-            "handle.batch_timestamp_ms, not the wall clock), and the query's "
-            f"checkpointLocation must belong to this state root ({exc})"
-        ) from exc
-
-
-def _rows_task(spec: _TaskSpec, processor: StatefulProcessor, batches: Any) -> Iterator[Any]:
-    started = time.perf_counter()
-    # The whole input is read before the first key runs (a key's rows may come last), into
-    # runs spilled by key group beyond a budget: memory stays bounded (keyed.grouping).
-    source = KeyedInput(
-        grouped=spec.key_groups is not None, spill_dir=_spill_dir(),
-        event_time_column=spec.time.event_time_column,
-    )  # fmt: skip
-    try:
-        task_input = TaskInput(batches, spec.ts_column, spec.partitioning)
-        beats: list[int] = []
-        for batch in task_input:
-            data, top = split_heartbeats(batch, spec.time)
-            source.add(data)
-            if top is not None:
-                beats.append(top)
-        ctx = _identity(spec, task_input.partition)
-        lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id)
-    except BaseException:
-        source.close()
-        raise
-    stats = RunStats()
-    try:
-        blobs = lease.entry.backend.blobs
-        initial = initial_rows(blobs, spec.initial, ctx.partition, ctx.batch_id)
-        yield from run_processor(
-            lease.store, processor, source, keys=spec.keys, output_schema=spec.output_schema,
-            operator=spec.store.operator, batch_id=ctx.batch_id, partition=ctx.partition,
-            now_ms=task_input.now_ms, key_schema=spec.key_schema, stats=stats,
-            key_groups=spec.key_groups, time=spec.time,
-            batch=BatchTime(batch_max_event_ms=max(beats, default=None)), initial=initial,
-        )  # fmt: skip
-        info = _commit(lease.store, spec, ctx)
-    except BaseException:
-        CACHE.release(lease, ok=False)
-        raise
-    finally:
-        source.close()
-    CACHE.release(lease, ok=True)
-    report_task(lease, info, stats, ctx, time.perf_counter() - started)
-
-
-def _spill_dir() -> str | None:
-    """Spark's local directory of this executor (it gives Python workers
-    ``SPARK_LOCAL_DIRS``), where spilled input goes; ``None``: the system's temporary one."""
-    dirs = os.environ.get("SPARK_LOCAL_DIRS", "")
-    return dirs.split(",")[0] or None
-
-
-def _arrow_task(spec: _TaskSpec, fn: ArrowFunction, batches: Any) -> Iterator[Any]:
-    started = time.perf_counter()
-    data_partition, stripped = peek_partition(iter(batches), spec.partitioning)
-    ctx = _identity(spec, data_partition)
-    lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id)
-    stats = RunStats()
-    try:
-        yield from run_arrow(
-            lease.store, fn, stripped, output_schema=spec.output_schema,
-            operator=spec.store.operator, batch_id=ctx.batch_id, partition=ctx.partition,
-            stats=stats, key_groups=spec.key_groups, partitions=spec.store.partitions,
-        )  # fmt: skip
-        info = _commit(lease.store, spec, ctx)
-    except BaseException:
-        CACHE.release(lease, ok=False)
-        raise
-    CACHE.release(lease, ok=True)
-    report_task(lease, info, stats, ctx, time.perf_counter() - started)
 
 
 def _key_names(keys: str | Sequence[str]) -> list[str]:

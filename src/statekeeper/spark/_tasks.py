@@ -1,0 +1,187 @@
+"""The tasks of ``transform_with_state`` (keyed forms) and of its vectorized form.
+
+A task learns its state partition from its data (checked against its task id, see
+:mod:`statekeeper.spark._transform`), leases the partition's store at version ``b`` (the
+micro-batch id, ``_cache``), runs the processor or function, yields the output and only then
+commits version ``b + 1`` with the attempt's order, so a task that fails or whose output is
+abandoned commits nothing; then it writes its task report into the root. A keyed task reads
+its whole input first, with bounded memory (:mod:`statekeeper.keyed.grouping`): a key's
+rows may come last, and with event time the handle needs the batch's largest event time.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark import TaskContext
+
+from statekeeper.errors import CommitConflictError, StateKeeperError
+from statekeeper.keyed import StatefulProcessor
+from statekeeper.keyed.grouping import KeyedInput
+from statekeeper.keyed.runner import BatchTime
+from statekeeper.spark._cache import CACHE, StoreSpec
+from statekeeper.spark._initial import Staged, initial_rows
+from statekeeper.spark._partition import Partitioning, TaskInput, peek_partition
+from statekeeper.spark._reports import TaskIdentity, report_task
+from statekeeper.spark._runner import ArrowFunction, RunStats, run_arrow, run_processor
+from statekeeper.spark._time import TimeSpec, split_heartbeats
+from statekeeper.store import CommitInfo, StateStore
+
+__all__ = ["TaskSpec", "arrow_task", "rows_task"]
+
+_NO_TIME = TimeSpec()
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What every task of an operator needs, built by the driver (pickled to executors)."""
+
+    store: StoreSpec
+    keys: tuple[str, ...]
+    key_schema: str | None
+    output_schema: Any  # pa.Schema
+    ts_column: str | None
+    generation: int
+    key_groups: int | None
+    """The operator's key groups as the root records them (``None``: a 0.1 operator)."""
+    time: TimeSpec = _NO_TIME
+    """The operator's time mode and event time."""
+    initial: tuple[Staged, ...] | None = None
+    """The staged initial state, per partition that has rows (``None``: none to apply)."""
+
+    @property
+    def partitioning(self) -> Partitioning:
+        """How the operator's rows carry their partition."""
+        return Partitioning(self.store.partitions, self.key_groups)
+
+
+def _task_context() -> tuple[TaskContext, int, str]:
+    """The Spark task, its micro-batch id and query id.
+
+    Raises:
+        StateKeeperError: not in a Spark task, or not in a streaming micro-batch.
+    """
+    tc = TaskContext.get()
+    if tc is None:
+        raise StateKeeperError("statekeeper tasks must run inside a Spark task")
+    raw = tc.getLocalProperty("streaming.sql.batchId")
+    if raw is None:
+        raise StateKeeperError(
+            "this task has no micro-batch id (local property streaming.sql.batchId): the "
+            "output of transform_with_state must be run by a streaming query"
+        )
+    return tc, int(raw), tc.getLocalProperty("sql.streaming.queryId") or ""
+
+
+def _identity(spec: TaskSpec, data_partition: int | None) -> TaskIdentity:
+    """Who runs this task; the state partition is the data's, checked against the task's.
+
+    Raises:
+        StateKeeperError: the data and the task id disagree (the plan was changed so that
+            the operator no longer ends its stage), or not in a streaming task.
+    """
+    tc, batch_id, query_id = _task_context()
+    task_partition = tc.partitionId()
+    partition = task_partition if data_partition is None else data_partition
+    if task_partition != partition or partition >= spec.store.partitions:
+        raise StateKeeperError(
+            f"operator {spec.store.operator!r} micro-batch {batch_id}: task {task_partition} "
+            f"received rows of state partition {partition} (of {spec.store.partitions}). The "
+            "operator's stage must end with its own exchange, as transform_with_state plans "
+            "it; a changed plan would give empty partitions the wrong state"
+        )
+    # PySpark's TaskContext has no stage attempt number; the task attempt id serves: it
+    # grows with every task attempt of the application, so a retried stage's tasks order
+    # after the attempt they retry (and a new application starts a new generation).
+    return TaskIdentity(
+        batch_id, partition, query_id, tc.stageId(), tc.taskAttemptId(), tc.attemptNumber()
+    )
+
+
+def _commit(store: StateStore, spec: TaskSpec, ctx: TaskIdentity) -> CommitInfo:
+    order = (spec.generation, ctx.stage_id, ctx.stage_attempt, ctx.attempt)
+    try:
+        return store.commit(order=order)
+    except CommitConflictError as exc:
+        raise CommitConflictError(
+            f"micro-batch {ctx.batch_id} of operator {spec.store.operator!r} partition "
+            f"{ctx.partition} could not commit version {ctx.batch_id + 1} (attempt order "
+            f"{order}): a newer run of this operator wrote the store (this task is left over "
+            "from an earlier run), or the batch was re-run with other state changes by the "
+            "same attempt. The processor must be deterministic for a given input (use "
+            "handle.batch_timestamp_ms, not the wall clock), and the query's "
+            f"checkpointLocation must belong to this state root ({exc})"
+        ) from exc
+
+
+def rows_task(spec: TaskSpec, processor: StatefulProcessor, batches: Any) -> Iterator[Any]:
+    started = time.perf_counter()
+    # The whole input is read before the first key runs (a key's rows may come last), into
+    # runs spilled by key group beyond a budget: memory stays bounded (keyed.grouping).
+    source = KeyedInput(
+        grouped=spec.key_groups is not None, spill_dir=_spill_dir(),
+        event_time_column=spec.time.event_time_column,
+    )  # fmt: skip
+    try:
+        task_input = TaskInput(batches, spec.ts_column, spec.partitioning)
+        beats: list[int] = []
+        for batch in task_input:
+            data, top = split_heartbeats(batch, spec.time)
+            source.add(data)
+            if top is not None:
+                beats.append(top)
+        ctx = _identity(spec, task_input.partition)
+        lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id)
+    except BaseException:
+        source.close()
+        raise
+    stats = RunStats()
+    try:
+        blobs = lease.entry.backend.blobs
+        initial = initial_rows(blobs, spec.initial, ctx.partition, ctx.batch_id)
+        yield from run_processor(
+            lease.store, processor, source, keys=spec.keys, output_schema=spec.output_schema,
+            operator=spec.store.operator, batch_id=ctx.batch_id, partition=ctx.partition,
+            now_ms=task_input.now_ms, key_schema=spec.key_schema, stats=stats,
+            key_groups=spec.key_groups, time=spec.time,
+            batch=BatchTime(batch_max_event_ms=max(beats, default=None)), initial=initial,
+        )  # fmt: skip
+        info = _commit(lease.store, spec, ctx)
+    except BaseException:
+        CACHE.release(lease, ok=False)
+        raise
+    finally:
+        source.close()
+    CACHE.release(lease, ok=True)
+    report_task(lease, info, stats, ctx, time.perf_counter() - started)
+
+
+def _spill_dir() -> str | None:
+    """Spark's local directory of this executor (it gives Python workers
+    ``SPARK_LOCAL_DIRS``), where spilled input goes; ``None``: the system's temporary one."""
+    dirs = os.environ.get("SPARK_LOCAL_DIRS", "")
+    return dirs.split(",")[0] or None
+
+
+def arrow_task(spec: TaskSpec, fn: ArrowFunction, batches: Any) -> Iterator[Any]:
+    started = time.perf_counter()
+    data_partition, stripped = peek_partition(iter(batches), spec.partitioning)
+    ctx = _identity(spec, data_partition)
+    lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id)
+    stats = RunStats()
+    try:
+        yield from run_arrow(
+            lease.store, fn, stripped, output_schema=spec.output_schema,
+            operator=spec.store.operator, batch_id=ctx.batch_id, partition=ctx.partition,
+            stats=stats, key_groups=spec.key_groups, partitions=spec.store.partitions,
+        )  # fmt: skip
+        info = _commit(lease.store, spec, ctx)
+    except BaseException:
+        CACHE.release(lease, ok=False)
+        raise
+    CACHE.release(lease, ok=True)
+    report_task(lease, info, stats, ctx, time.perf_counter() - started)
