@@ -7,10 +7,13 @@ client side: metrics are read from the task reports in the checkpoint root.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
 from statekeeper import StoreConfig
@@ -39,6 +42,23 @@ from tests.spark.processors import RunningCountSum, arrow_count_sum
 pytestmark = [pytest.mark.spark, pytest.mark.connect, pytest.mark.slow]
 
 PARTITIONS = 3
+
+
+class SeededCountSum(RunningCountSum):
+    """RunningCountSum whose totals start from the key's initial rows (``n``, ``s``)."""
+
+    def handle_initial_state(self, key: tuple[Any, ...], rows: Any, timer_values: Any) -> None:
+        self.count.update(int(rows["n"].sum()))
+        self.total.update(int(rows["s"].sum()))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pickled_by_value() -> Iterator[None]:
+    """The server's workers cannot import this test module: its processor travels by value."""
+    module = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(module)
+    yield
+    cloudpickle.unregister_pickle_by_value(module)
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +145,35 @@ def test_the_vectorized_form_runs_through_connect(
     metrics = batch_metrics(root, "vector", 1)
     assert metrics is not None
     assert metrics.rows_in == 30
+
+
+def test_an_initial_state_is_applied_through_connect(
+    clients: Callable[[], SparkSession], tmp_path: Path
+) -> None:
+    """``initial_state`` from a Connect client: the staging job runs on the server, batch 0
+    applies it once (two rows of one key are summed; a key without input is kept), and a
+    new client session resuming the query does not apply it again."""
+    data = make_input(seed=23, files=3, rows=20, keys=5)
+    inp, root = tmp_path / "in", str(tmp_path / "state")
+    seeds = [("key-00", 10, 1000), ("key-00", 1, 1), ("key-01", 2, 20), ("never", 7, 70)]
+    write_files(inp, data[:2])
+    for start in (0, 2):
+        spark = clients()
+        if start:
+            write_files(inp, data[2:], start=2)
+        initial = spark.createDataFrame(seeds, "k string, n long, s long")
+        out = transform_with_state(
+            read_stream(spark, inp), ["k"], SeededCountSum(), OUTPUT_SCHEMA, root, "seeded",
+            PARTITIONS, config=StoreConfig(local_dir=str(tmp_path / "local")),
+            initial_state=initial,
+        )  # fmt: skip
+        run_to_end(out, tmp_path / "out", tmp_path / "ck")
+        if not start:
+            spark.stop()
+    expected = dict(batch_totals(spark, inp))
+    for k, n, s in seeds:
+        count, total = expected.get(k, (0, 0))
+        expected[k] = (count + n, total + s)
+    assert state_totals(read_state(spark, root, "seeded")) == expected
+    assert "never" not in sink_latest(spark, tmp_path / "out")  # no input: no output
+    assert sink_latest(spark, tmp_path / "out")["key-00"] == expected["key-00"]
