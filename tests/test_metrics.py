@@ -63,6 +63,35 @@ def test_commit_history_counts_bytes_and_records_from_the_blobs(tmp_path: Path) 
     assert [c.version for c in last_two] == [3, 4]
 
 
+def test_commit_history_counts_every_part_and_keeps_the_phases(tmp_path: Path) -> None:
+    config = sk.StoreConfig(
+        local_dir=str(tmp_path / "local"), snapshot_every=1000, changelog_part_bytes=4096
+    )
+    with sk.StateBackend(str(tmp_path / "root"), config=config) as backend:
+        with backend.open("ops", 0) as store:
+            for i in range(500):  # ~60 kB of framed changes: many 4 KiB parts
+                store.put(b"key%05d" % i, b"v" * 100)
+            info = store.commit()
+        listing = RootListing.of(backend.blobs, root_id=backend.root_metadata().root_id)  # type: ignore[union-attr]
+        (commit,) = commit_history(backend.blobs, listing, "ops", 0)
+        (recorded,) = read_commit_metrics(backend.blobs, "ops", 0).values()
+    assert (commit.records, commit.bytes) == (500, info.bytes_uploaded)
+    phases = commit.phases_ms
+    assert phases is not None
+    assert phases == recorded.phases_ms == info.phases_ms
+    assert {"encode", "compress", "checksum", "upload", "fsync", "apply", "other"} <= set(phases)
+    # The phases add up to the recorded latency (other is the remainder).
+    assert sum(phases.values()) == pytest.approx(recorded.duration_ms, abs=0.01)
+
+
+def test_a_metrics_blob_without_phases_is_read_as_before() -> None:
+    entry = CommitMetrics(version=3, duration_ms=1.5, bytes=10, records=2, committed_time_ms=1)
+    assert "phasesMs" not in entry.to_json()
+    (decoded,) = decode_commit_metrics(encode_commit_metrics("ops", 0, [entry]), blob="x")
+    assert decoded == entry
+    assert decoded.phases_ms is None
+
+
 def test_a_metrics_blob_is_checksummed_and_named_for_its_store() -> None:
     """A flipped digit still parses as JSON, and another store's blob under this name is
     well formed: only the checksum and the identity check catch them."""
