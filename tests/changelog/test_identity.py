@@ -10,9 +10,9 @@ import google_crc32c
 import pytest
 
 from statekeeper.changelog import (
-    SINGLE_PART_FORMAT,
     HEADER_SIZE,
     MAX_HEADER_SIZE,
+    SINGLE_PART_FORMAT,
     ChangelogHeader,
     ChangelogIdentity,
     check_identity,
