@@ -13,7 +13,6 @@ from typing import Final
 import google_crc32c
 import zstandard
 
-from statekeeper._phases import phase
 from statekeeper.changelog._header import (
     CODEC_IDS,
     CRC,
@@ -38,6 +37,7 @@ from statekeeper.changelog._header import (
 )
 from statekeeper.changelog._records import Columns, Record, Records, decode_records
 from statekeeper.config import Compression
+from statekeeper.phases import phase
 
 __all__ = [
     "MIN_PART_SIZE",

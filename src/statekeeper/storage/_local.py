@@ -35,13 +35,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 
-from statekeeper._phases import phase
 from statekeeper.errors import (
     CommitConflictError,
     StateKeeperError,
     StateNotFoundError,
     StorageError,
 )
+from statekeeper.phases import phase
 from statekeeper.storage._parallel import (
     ParallelTransfers,
     check_data,

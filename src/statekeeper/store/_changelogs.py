@@ -16,7 +16,6 @@ from collections.abc import Iterator, Sequence
 from statekeeper.changelog import MAX_HEADER_SIZE, ChangelogIdentity, ChangelogPart, read_changelog
 from statekeeper.config import StoreConfig
 from statekeeper.storage import BlobStore
-from statekeeper.storage._parallel import ParallelTransfers
 from statekeeper.store._working_copy import WorkingCopy
 
 __all__ = ["changelog_parts", "prefix_length", "read_prefixes", "replay_changelog"]
@@ -35,8 +34,9 @@ def read_prefixes(blobs: BlobStore, keys: Sequence[str], length: int) -> list[by
         StateNotFoundError: a blob is missing (the first in ``keys`` order).
         StorageError: a read failed.
     """
-    if isinstance(blobs, ParallelTransfers):
-        return blobs.get_prefixes(keys, length)
+    get_prefixes = getattr(blobs, "get_prefixes", None)  # the backends' parallel reads
+    if get_prefixes is not None:
+        return list(get_prefixes(keys, length))
     return [blobs.get_range(key, 0, length) for key in keys]
 
 

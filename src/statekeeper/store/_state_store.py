@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TypeVar
 
-from statekeeper import _phases, layout
+from statekeeper import layout, phases
 from statekeeper.changelog import ChangelogIdentity, ChangelogParts, Columns, encode_changelog_parts
 from statekeeper.config import StoreConfig
 from statekeeper.errors import CommitConflictError, StateKeeperError
@@ -323,11 +323,11 @@ class StateStore:
         self._check_open()
         started = time.perf_counter_ns()
         order = PLAIN_ORDER if order is None else _check_order(order)
-        with _phases.measure() as phases:
+        with phases.measure() as spent:
             info = self._commit(order, started)
             elapsed = time.perf_counter_ns() - started
             info = dataclasses.replace(
-                info, duration_s=elapsed / 1e9, phases_ms=_phases_ms(phases, elapsed)
+                info, duration_s=elapsed / 1e9, phases_ms=_phases_ms(spent, elapsed)
             )
             self._metrics.append(
                 from_commit(
@@ -339,16 +339,16 @@ class StateStore:
                 self._job.metrics, self._metrics = self._metrics, []  # written in the background
             elif len(self._metrics) >= self._config.metrics_every:
                 # After the duration was taken: a commit cannot record its own recording.
-                with _phases.phase("metrics"):
+                with phases.phase("metrics"):
                     self._write_metrics()
                 info = dataclasses.replace(
-                    info, phases_ms={**info.phases_ms, "metrics": phases["metrics"] / 1e6}
+                    info, phases_ms={**info.phases_ms, "metrics": spent["metrics"] / 1e6}
                 )
         _log.debug("committed %s", info)
         return info
 
     def _commit(self, order: Order, started: int) -> CommitInfo:
-        with _phases.phase("encode"):
+        with phases.phase("encode"):
             pending = self._pending
             keys = sorted(pending)
             values = list(map(pending.__getitem__, keys))
@@ -361,7 +361,7 @@ class StateStore:
             self._before_commit = None
         try:
             if self._config.mode == "snapshot":
-                with _phases.phase("snapshot"):
+                with phases.phase("snapshot"):
                     key, uploaded = self._commit_snapshot(records, order)
             else:
                 key, uploaded = self._commit_changelog(records, columns, order)
@@ -426,7 +426,7 @@ class StateStore:
             # same changes: any change since makes a new attempt).
             _log.info("changelog %s was written by an earlier try of this commit", key)
             size = 0
-        with _phases.phase("upload"):
+        with phases.phase("upload"):
             adopted = self._publish(new_version, attempt, order, "changelog", key, records)
         slices = None
         if parts.count > 1:  # as the changelog is written: a part at a time
@@ -449,7 +449,7 @@ class StateStore:
         """
         if parts.count == 1:
             blob = next(parts)
-            with _phases.phase("upload"):
+            with phases.phase("upload"):
                 self._blobs.put(key, blob)
             return len(blob)
         first: list[ChangelogParts] = [parts]
@@ -457,7 +457,7 @@ class StateStore:
         def chunks() -> ChangelogParts:
             return first.pop() if first else encode()
 
-        with _phases.phase("upload"):
+        with phases.phase("upload"):
             return put_stream(self._blobs, key, chunks)
 
     def _apply_locally(
@@ -483,7 +483,7 @@ class StateStore:
             # slices it holds part of a version.
             self._job.ensure_checkpoint()
         try:
-            with _phases.phase("apply"):
+            with phases.phase("apply"):
                 for i, (start, stop) in enumerate(slices):
                     self._copy.apply(
                         records if len(slices) == 1 else records[start:stop],
