@@ -26,7 +26,7 @@ A janitor thread per worker bounds what the worker holds (issue 12):
   :class:`StoreLock` without waiting, and the store layer checks RocksDB's own lock.
 
 Their RocksDB memory (block cache and memtables) is shared by all stores of the process and
-bounded by ``StoreConfig.rocksdb_memory_mb`` (:mod:`statekeeper.store._working_copy`).
+bounded by ``StoreConfig.rocksdb_memory_mb`` (see :class:`~statekeeper.StoreConfig`).
 """
 
 from __future__ import annotations
@@ -44,8 +44,7 @@ from dataclasses import dataclass, field
 from statekeeper.config import StoreConfig
 from statekeeper.errors import StateKeeperError, StateNotFoundError
 from statekeeper.spark._filelock import StoreLock
-from statekeeper.store import RestoreInfo, StateBackend, StateStore
-from statekeeper.store._working_copy import remove_unused_copy
+from statekeeper.store import RestoreInfo, StateBackend, StateStore, remove_unused_copy
 
 __all__ = ["CACHE", "Lease", "StoreCache", "StoreSpec", "worker_config"]
 

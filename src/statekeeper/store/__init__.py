@@ -6,6 +6,7 @@ from statekeeper.store._backend import StateBackend
 from statekeeper.store._export import ExportInfo
 from statekeeper.store._root import DEFAULT_KEY_GROUPS, Retention, RootMetadata
 from statekeeper.store._state_store import CommitInfo, RestoreInfo, StateStore
+from statekeeper.store._working_copy import remove_unused_copy
 
 __all__ = [
     "DEFAULT_KEY_GROUPS",
@@ -16,4 +17,5 @@ __all__ = [
     "RootMetadata",
     "StateBackend",
     "StateStore",
+    "remove_unused_copy",
 ]
