@@ -30,7 +30,12 @@ steady rows/s by the best Spark peer's, and the vectorized form's by the ceiling
 
     .venv/bin/python benchmarks/pipeline.py [--rows 100000] [--keys 1000000] [--batches 10]
         [--peer-batches 3] [--variants sk_row sk_pandas sk_arrow spark_tws_row
-        spark_tws_pandas spark_apply ceiling] [--restarts warm cold] [--out FILE]
+        spark_tws_pandas spark_apply ceiling] [--restarts warm cold] [--rounds 1] [--out FILE]
+
+``--rounds N`` runs the variants N times in turn (the first round is the one reported in
+full) and adds the per-round rows/s, their medians and the median of each round's
+vectorized / ceiling ratio: on a machine whose load swings, a ratio of two variants run
+next to each other is steadier than one of two runs minutes apart.
 """
 
 from __future__ import annotations
@@ -516,6 +521,38 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _more_rounds(args: argparse.Namespace, work: Path, first: dict[str, Any]) -> dict[str, Any]:
+    """Run every variant ``args.rounds - 1`` more times, in turn, each from a new checkpoint
+    over the same input: on a shared machine whose load swings, variants run next to each
+    other are compared round by round. Steady rows/s per round and variant, and the medians
+    of the rows/s and of each round's vectorized / ceiling ratio."""
+    speeds = {v: [first[v]["steady_rows_per_s"]] for v in args.variants}
+    loads = [[first[v]["load_average_1m_after"] for v in args.variants]]
+    for n in range(1, args.rounds):
+        again = work / f"round-{n}"
+        again.mkdir()
+        for name in ("input", "input-peers"):
+            (again / name).symlink_to(work / name)
+        loads.append([])
+        for variant in args.variants:
+            local = str(again / "sk-local" / variant)
+            job = functools.partial(_run_query, variant=variant, work=again, local=local)
+            summary = _summarize(variant, _in_session(work, job), again)
+            speeds[variant].append(summary["steady_rows_per_s"])
+            loads[-1].append(summary["load_average_1m_after"])
+            _log(f"round {n} {variant}: {summary['steady_rows_per_s']} rows/s")
+    out: dict[str, Any] = {
+        "steady_rows_per_s": speeds,
+        "load_average_1m_after": loads,
+        "median_steady_rows_per_s": {v: round(np.median(x)) for v, x in speeds.items()},
+    }
+    if "ceiling" in speeds and "sk_arrow" in speeds:
+        paired = [a / c for a, c in zip(speeds["sk_arrow"], speeds["ceiling"], strict=True)]
+        out["sk_arrow_to_ceiling_per_round"] = [round(r, 2) for r in paired]
+        out["sk_arrow_to_ceiling_median"] = round(float(np.median(paired)), 2)
+    return out
+
+
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Write the input, run every phase of every variant, verify; the JSON document."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -529,6 +566,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         main = _in_session(work, job)
         results[variant] = _summarize(variant, main, work)
         _log(f"{variant}: {results[variant]}")
+    rounds = _more_rounds(args, work, results) if args.rounds > 1 else None
     for n, phase in enumerate(args.restarts):
         file = args.batches + n
         _write_inputs(work, range(file, file + 1), args)
@@ -547,6 +585,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return {
         "variants": results,
         "ratios": ratios(results),
+        **({"rounds": rounds} if rounds is not None else {}),
         "expected_keys": check.get("input"),
         "expected_keys_peers": check.get("input-peers"),
         "all_agree": agree,
@@ -585,6 +624,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=["warm", "cold"],
         default=["warm", "cold"],
         help="restarts to time, in order (each processes one more file)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the variants this many times in turn (a loaded machine: compare medians)",
     )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, help="also write the JSON here")
