@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import random
@@ -171,3 +172,21 @@ def executor_pids(app_id: str) -> list[int]:
         if "org.apache.spark.executor.CoarseGrainedExecutorBackend" in words and app_id in words:
             found.append(int(entry.name))
     return sorted(found)
+
+
+T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+
+
+def write_event_files(folder: Path, batches: list[list[tuple[str, int]]], start: int = 0) -> None:
+    """One JSON-lines file per batch of (key, seconds after T0): rows ``k string, ts timestamp``
+    for event-time tests, written with increasing mtimes so a stream reads them in order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    base = time.time() - 1000
+    for i, rows in enumerate(batches, start):
+        lines = [
+            json.dumps({"k": k, "ts": (T0 + dt.timedelta(seconds=s)).isoformat()}) for k, s in rows
+        ]
+        tmp = folder / f".{i}.tmp"
+        tmp.write_text("\n".join(lines) + "\n")
+        os.utime(tmp, (base + i, base + i))
+        tmp.rename(folder / f"part-{i:04d}.json")

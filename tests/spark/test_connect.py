@@ -29,19 +29,22 @@ from tests.spark.conftest import SparkHolder
 from tests.spark.connect_server import ConnectServer, start_connect_server
 from tests.spark.helpers import (
     OUTPUT_SCHEMA,
+    T0,
     batch_totals,
     make_input,
     read_stream,
     run_to_end,
     sink_latest,
     state_totals,
+    write_event_files,
     write_files,
 )
-from tests.spark.processors import RunningCountSum, arrow_count_sum
+from tests.spark.processors import EventSessions, RunningCountSum, arrow_count_sum
 
 pytestmark = [pytest.mark.spark, pytest.mark.connect, pytest.mark.slow]
 
 PARTITIONS = 3
+EVENT_OUTPUT = "k string, n long, what string, batch long"
 
 
 class SeededCountSum(RunningCountSum):
@@ -177,3 +180,36 @@ def test_an_initial_state_is_applied_through_connect(
     assert state_totals(read_state(spark, root, "seeded")) == expected
     assert "never" not in sink_latest(spark, tmp_path / "out")  # no input: no output
     assert sink_latest(spark, tmp_path / "out")["key-00"] == expected["key-00"]
+
+
+def test_event_time_timers_fire_through_connect(
+    clients: Callable[[], SparkSession], tmp_path: Path
+) -> None:
+    """Event time from a Connect client (no driver-side hook there): the watermark derives
+    from the data and timers fire in partitions that receive no input, across a new client
+    session resuming the query; the timers left show in read_state."""
+    keys = [f"u{i}" for i in range(6)]  # spread over the 3 partitions; then only "z"
+    write_event_files(tmp_path / "in", [[(k, i) for i, k in enumerate(keys)], [("z", 12)]])
+    for start, more in ((0, []), (2, [[("z", 19)], [("z", 30)], [("z", 31)]])):
+        spark = clients()
+        write_event_files(tmp_path / "in", more, start=start)
+        out = transform_with_state(
+            spark.readStream.schema("k string, ts timestamp").option("maxFilesPerTrigger", 1)
+            .json(str(tmp_path / "in")),
+            keys="k", processor=EventSessions(), output_schema=EVENT_OUTPUT,
+            checkpoint=str(tmp_path / "state"), name="sessions", partitions=PARTITIONS,
+            time_mode="event_time", event_time_column="ts", watermark_delay=5,
+            config=StoreConfig(local_dir=str(tmp_path / "local")),
+        )  # fmt: skip
+        run_to_end(out, tmp_path / "out", tmp_path / "ck")
+        if not start:
+            spark.stop()
+    rows = spark.read.parquet(str(tmp_path / "out")).collect()
+    closed = {(r["k"], r["batch"]) for r in rows if r["what"] == "closed"}
+    # Timers at last row + 10 s: u0..u5 at 10..15 s. Watermark of batch b = the largest event
+    # time of batches before b - 5 s: batch 3 sees 14 s (u0..u4 fire), batch 4 25 s (u5).
+    assert closed == {(k, 3) for k in keys[:5]} | {("u5", 4)}
+    assert all(r["n"] == 1 for r in rows if r["what"] == "closed")
+    timers = [r for r in read_state(spark, str(tmp_path / "state"), "sessions").collect()]
+    left = [(r["k"], int(r["entry"])) for r in timers if r["state"] == "$timer"]
+    assert left == [("z", int((T0.timestamp() + 41) * 1000))]

@@ -5,11 +5,8 @@ the watermark in partitions without input; bad arguments fail early."""
 from __future__ import annotations
 
 import datetime as dt
-import json
-import os
 import shutil
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,26 +18,11 @@ from pyspark.sql import DataFrame, SparkSession
 from statekeeper import StateBackend, StoreConfig
 from statekeeper.keyed import iter_timers
 from statekeeper.spark import StatefulProcessor, batch_metrics, read_state, transform_with_state
-from tests.spark.helpers import run_to_end
+from tests.spark.helpers import T0, run_to_end, write_event_files
 from tests.spark.processors import EventSessions
 
 SCHEMA = "k string, ts timestamp"
 OUT = "k string, n long, what string, batch long"
-T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
-
-
-def _write(folder: Path, batches: list[list[tuple[str, int]]], start: int = 0) -> None:
-    """One JSON-lines file per batch of (key, seconds after T0)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    base = time.time() - 1000
-    for i, rows in enumerate(batches, start):
-        lines = [
-            json.dumps({"k": k, "ts": (T0 + dt.timedelta(seconds=s)).isoformat()}) for k, s in rows
-        ]
-        tmp = folder / f".{i}.tmp"
-        tmp.write_text("\n".join(lines) + "\n")
-        os.utime(tmp, (base + i, base + i))
-        tmp.rename(folder / f"part-{i:04d}.json")
 
 
 def _stream(spark: SparkSession, folder: Path) -> DataFrame:
@@ -70,7 +52,9 @@ def test_event_time_timers_fire_without_input_and_survive_a_restart(
     root = tmp_path / "root"
     keys = [f"u{i}" for i in range(12)]  # spread over the 4 partitions
     # batch 0: every key at t=0..11; batches 1-4: only "z", moving event time on
-    _write(tmp_path / "in", [[(k, i) for i, k in enumerate(keys)], [("z", 12)], [("z", 19)]])
+    write_event_files(
+        tmp_path / "in", [[(k, i) for i, k in enumerate(keys)], [("z", 12)], [("z", 19)]]
+    )
     run_to_end(_sessions(spark, tmp_path, root, "local1"), tmp_path / "sink", tmp_path / "cp")
     timers = _timers(root, tmp_path / "reader1")
     # watermark of batch 2 = 12 - 5 = 7 s: u0 (timer at 10 s) .. none yet; all still armed
@@ -78,7 +62,9 @@ def test_event_time_timers_fire_without_input_and_survive_a_restart(
     # A restart with an empty local dir: every timer is restored from the root. A row of
     # u0 at 3 s in batch 4 is late (watermark 25 s): dropped, u0 does not reopen.
     shutil.rmtree(tmp_path / "local1")
-    _write(tmp_path / "in", [[("z", 30)], [("z", 100), ("u0", 3)], [("z", 101)]], start=3)
+    write_event_files(
+        tmp_path / "in", [[("z", 30)], [("z", 100), ("u0", 3)], [("z", 101)]], start=3
+    )
     run_to_end(_sessions(spark, tmp_path, root, "local2"), tmp_path / "sink", tmp_path / "cp")
     rows = _rows(spark, tmp_path / "sink")
     closed = {(k, b) for b, what, k, _ in rows if what == "closed"}
@@ -176,8 +162,8 @@ def test_event_time_ttl_expires_by_the_watermark_in_partitions_without_input(
     keys = [f"u{i}" for i in range(12)]  # spread over the 4 partitions
     # batch 0 stamps every entry with its largest event time, 11 s: expiry 21 s. Then only
     # z: watermarks 11 s (batch 1), 15 s (batch 2), 30 s (batch 3)
-    _write(tmp_path / "in", [[(k, i) for i, k in enumerate(keys)], [("z", 15)], [("z", 30)],
-                             [("z", 31)]])  # fmt: skip
+    batches = [[(k, i) for i, k in enumerate(keys)], [("z", 15)], [("z", 30)], [("z", 31)]]
+    write_event_files(tmp_path / "in", batches)
     root = tmp_path / "root"
     out = transform_with_state(
         _stream(spark, tmp_path / "in"), keys="k", processor=Remember(), output_schema=OUT,
