@@ -42,7 +42,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP) $(AZURITE) check-java
-	PYSPARK_PYTHON=$(abspath $(BIN)/python) $(BIN)/python -m pytest
+	PYSPARK_PYTHON=$(abspath $(BIN)/python) $(BIN)/python -m pytest --durations=25
 
 test: lint typecheck pytest
 
