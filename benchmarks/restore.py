@@ -10,7 +10,7 @@ one run:
   root on the local filesystem whose files are in the page cache (they were just written);
 * ``cold_snapshot_uncached``: the same, after every file of the root was evicted from the
   page cache (``posix_fadvise(DONTNEED)``, no root privileges needed): the root is read from
-  the disk;
+  the disk (on a virtual machine the host may still serve it from its own cache);
 * ``cold_snapshot_s3``: the same root copied into an S3 bucket served by moto on loopback
   (started by the benchmark; objects in moto's memory, so this measures the S3 protocol path:
   HTTP requests, ranged GETs, moto's own cost; not a remote network);
@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         "conditions": {
             "root": "local filesystem (cold_snapshot_s3: moto S3 on loopback)",
-            "page_cache": "warm except cold_snapshot_uncached (root evicted before the open)",
+            "page_cache": "warm except cold_snapshot_uncached: the root evicted from this "
+            "machine's page cache before the open (a virtual disk may still be cached by its host)",
         },
         "results": results,
     }
