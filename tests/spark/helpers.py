@@ -120,13 +120,24 @@ def state_totals(state: DataFrame) -> dict[str, tuple[int, int]]:
 
 
 @contextlib.contextmanager
+def pickled_by_value(module: ModuleType) -> Iterator[None]:
+    """Spark's workers cannot import a test module: its classes travel by value meanwhile."""
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        yield
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+
+
+@contextlib.contextmanager
 def local_cluster(app_name: str, module: ModuleType) -> Iterator[SparkSession]:
     """A ``local-cluster[2,1,1024]`` session (two executor JVMs, 8 attempts per task) whose
     workers unpickle ``module``'s classes by value; the caller has stopped any other
     session (one SparkContext per process)."""
     saved = os.environ.get("SPARK_HOME")
     os.environ["SPARK_HOME"] = SPARK_HOME
-    cloudpickle.register_pickle_by_value(module)
+    stack = contextlib.ExitStack()
+    stack.enter_context(pickled_by_value(module))
     session = (
         SparkSession.builder.master("local-cluster[2,1,1024]")
         .appName(app_name)
@@ -151,7 +162,7 @@ def local_cluster(app_name: str, module: ModuleType) -> Iterator[SparkSession]:
         yield session
     finally:
         session.stop()
-        cloudpickle.unregister_pickle_by_value(module)
+        stack.close()
         if saved is None:
             os.environ.pop("SPARK_HOME", None)
         else:

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
 from statekeeper import StoreConfig
@@ -32,6 +31,7 @@ from tests.spark.helpers import (
     T0,
     batch_totals,
     make_input,
+    pickled_by_value,
     read_stream,
     run_to_end,
     sink_latest,
@@ -58,10 +58,8 @@ class SeededCountSum(RunningCountSum):
 @pytest.fixture(scope="module", autouse=True)
 def _pickled_by_value() -> Iterator[None]:
     """The server's workers cannot import this test module: its processor travels by value."""
-    module = sys.modules[__name__]
-    cloudpickle.register_pickle_by_value(module)
-    yield
-    cloudpickle.unregister_pickle_by_value(module)
+    with pickled_by_value(sys.modules[__name__]):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,12 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from pyspark import TaskContext, cloudpickle
+from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
 from statekeeper import StoreConfig
 from statekeeper.spark import StatefulProcessor, read_state, transform_with_state
-from tests.spark.helpers import run_to_end
+from tests.spark.helpers import pickled_by_value, run_to_end
 
 pytestmark = pytest.mark.spark
 
@@ -28,10 +28,8 @@ OUT = "k string, n long, seed long"
 @pytest.fixture(scope="module", autouse=True)
 def _pickled_by_value() -> Iterator[None]:
     """Spark's workers cannot import this test module: its processors travel by value."""
-    module = sys.modules[__name__]
-    cloudpickle.register_pickle_by_value(module)
-    yield
-    cloudpickle.unregister_pickle_by_value(module)
+    with pickled_by_value(sys.modules[__name__]):
+        yield
 
 
 class PandasSeeded(StatefulProcessor):

@@ -40,13 +40,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark import cloudpickle
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor as SparkProcessor
 
 from statekeeper import StoreConfig
 from statekeeper.spark import StatefulProcessor, read_state, transform_with_state
+from tests.spark.helpers import pickled_by_value
 
 pytestmark = pytest.mark.spark
 
@@ -62,10 +62,8 @@ ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvi
 @pytest.fixture(scope="module", autouse=True)
 def _pickled_by_value() -> Iterator[None]:
     """Spark's workers cannot import this test module: its processors travel by value."""
-    module = sys.modules[__name__]
-    cloudpickle.register_pickle_by_value(module)
-    yield
-    cloudpickle.unregister_pickle_by_value(module)
+    with pickled_by_value(sys.modules[__name__]):
+        yield
 
 
 # -- the processor logic, shared: sessions of event time ------------------------------------
