@@ -41,6 +41,7 @@ from statekeeper.keyed._layout import (
 )
 from statekeeper.keyed._processor import StatefulProcessor, handles_initial_state, input_form
 from statekeeper.keyed._row_type import build_rows, row_class
+from statekeeper.keyed._schema import stored_schema_version
 from statekeeper.keyed._timers import (
     TIME_MODES,
     ExpiredTimerInfo,
@@ -86,6 +87,7 @@ __all__ = [
     "partition_of_group",
     "read_operator_record",
     "row_class",
+    "stored_schema_version",
     "validate_delay",
     "validate_time_mode",
 ]

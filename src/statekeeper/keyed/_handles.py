@@ -44,6 +44,7 @@ from statekeeper.keyed._layout import (
     validate_key_groups,
     validate_state_name,
 )
+from statekeeper.keyed._schema import Migrate, SchemaCodec, declare_schema
 from statekeeper.keyed._states import (
     TTL_CLOCKS,
     ListState,
@@ -112,6 +113,9 @@ class StatefulProcessorHandle:
         self._group = b""
         """The current key's key-group prefix (empty without key groups)."""
         self._states: dict[str, _State] = {}
+        self._record: tuple[bytes | None, OperatorRecord | None] | None = None
+        """The store's operator record (bytes, parsed), read once for all declarations and
+        :meth:`record_operator`."""
         # Prefetch: the batch's encoded keys and their key-group prefixes, the position of
         # the current one, the window [position, _window_end) cached, and which (state
         # prefix + suffix) were fetched.
@@ -212,23 +216,72 @@ class StatefulProcessorHandle:
         ttl: Ttl = None,
         codec: Codec | None = None,
         ttl_on: str = "processing_time",
+        schema: Any = None,
+        version: int | None = None,
+        migrate: Migrate | None = None,
     ) -> ValueState:
         """Declare a single value per grouping key.
+
+        **Schemas.** With ``schema=`` (a dataclass, or a pyspark ``StructType`` whose values
+        are dicts) values are records of its fields: :meth:`ValueState.update` takes the
+        dataclass (or a dict of its fields; fields with defaults may be left out), ``get``
+        returns the declared type. Each value is stored with its schema ``version`` (an int
+        from 1; one byte per value), and the store's operator record keeps the fields of
+        every version, so ``read_state`` and ``statekeeper inspect`` decode values without
+        the processor (each as a dict of the fields of the version it was written in). To
+        change a schema, declare it with a higher ``version``. A value of an older version
+        is converted **when it is read**, and stored in the new version only when its key
+        is next written (the store is never rewritten; keys not written stay in their old
+        version, which a later processor must still read):
+
+        * with ``migrate=``, by ``migrate(old, from_version)``: ``old`` is a dict of the
+          fields of the version the value was written in, and it returns the new value (the
+          dataclass or a dict of its fields). It is called for every older version, so any
+          change is allowed: renaming, retyping, computing fields. A state that held
+          values before it had a schema gets them with ``from_version=0``, as the codec
+          decoded them.
+        * without, by name, which allows only these changes: adding a field that has a
+          default (or is ``Optional``, or nullable in a ``StructType``: it reads as
+          ``None``); dropping a field (its stored values are ignored); reordering fields;
+          widening a field from an integer type to a wider one or to a double (``int`` to
+          ``float`` in a dataclass: converted on read), or from float to double; making a
+          field nullable. A renamed field, without ``migrate``, is a dropped field plus an
+          added one.
+
+        Anything else raises :class:`~statekeeper.errors.ConfigMismatchError` naming the
+        state, the stored schema and the declared one, here in ``init``, before any value is
+        read or written, so nothing committed is touched: the change of a field's type, a
+        field made non-nullable, an added field without a default, the same version with
+        other fields, a lower version than the store holds, and dropping ``schema=`` from a
+        state that has one. Fix the processor and restart. Field types are checked as
+        declared (dataclass annotations: ``bool``, ``int``, ``float``, ``str``, ``bytes``,
+        ``datetime``, ``date``, ``time``, ``timedelta``, ``Decimal``, lists, homogeneous
+        tuples, dicts, ``Optional`` and ``Any``, which is never checked); values are not
+        checked against them on write, except that a field which is not nullable may not
+        be ``None``. The stored form is in ``docs/format.md`` (*State values with a
+        schema*).
 
         Args:
             name: the state's name, unique within the processor.
             ttl: seconds (or a timedelta) after its last update when a value expires.
-            codec: how values become bytes; the safe :class:`DefaultCodec` if ``None``.
+            codec: how values become bytes; the safe :class:`DefaultCodec` if ``None``
+                (with a schema: the default codec or the :class:`PickleCodec`).
             ttl_on: the clock ``ttl`` runs on: ``"processing_time"`` (micro-batch
                 timestamps) or ``"event_time"`` (the watermark; see the module docstring).
+            schema: a dataclass or a ``StructType`` the values follow; ``None``: any value
+                the codec stores.
+            version: the schema's version (1 if ``None``); needs ``schema``.
+            migrate: ``migrate(old_value_as_dict, from_version) -> new value``; needs
+                ``schema``.
 
         Raises:
-            TypeError, ValueError: a malformed name, ttl, ttl_on or codec, ``ttl_on`` without
-                ``ttl``, or ``ttl_on="event_time"`` in an operator whose time mode is not
-                ``"event_time"``.
+            TypeError, ValueError: a malformed name, ttl, ttl_on, codec, schema, version or
+                migrate, ``ttl_on`` without ``ttl``, or ``ttl_on="event_time"`` in an
+                operator whose time mode is not ``"event_time"``.
+            ConfigMismatchError: the schema cannot read what the store holds (see above).
             StateKeeperError: ``name`` was declared as another kind of state.
         """
-        return self._declare(ValueState, name, ttl, codec, ttl_on)
+        return self._declare(ValueState, name, ttl, codec, ttl_on, (schema, version, migrate))
 
     def map_state(
         self,
@@ -237,14 +290,18 @@ class StatefulProcessorHandle:
         ttl: Ttl = None,
         codec: Codec | None = None,
         ttl_on: str = "processing_time",
+        schema: Any = None,
+        version: int | None = None,
+        migrate: Migrate | None = None,
     ) -> MapState:
         """Declare a map per grouping key (map keys: anything a grouping key may hold);
-        arguments as :meth:`value_state`, TTL per entry.
+        arguments as :meth:`value_state`, TTL and schema version per entry.
 
         Raises:
-            TypeError, ValueError, StateKeeperError: as :meth:`value_state`.
+            TypeError, ValueError, ConfigMismatchError, StateKeeperError: as
+                :meth:`value_state`.
         """
-        return self._declare(MapState, name, ttl, codec, ttl_on)
+        return self._declare(MapState, name, ttl, codec, ttl_on, (schema, version, migrate))
 
     def list_state(
         self,
@@ -253,16 +310,28 @@ class StatefulProcessorHandle:
         ttl: Ttl = None,
         codec: Codec | None = None,
         ttl_on: str = "processing_time",
+        schema: Any = None,
+        version: int | None = None,
+        migrate: Migrate | None = None,
     ) -> ListState:
         """Declare an append-friendly list per grouping key; arguments as
-        :meth:`value_state`, TTL per element.
+        :meth:`value_state`, TTL and schema version per element.
 
         Raises:
-            TypeError, ValueError, StateKeeperError: as :meth:`value_state`.
+            TypeError, ValueError, ConfigMismatchError, StateKeeperError: as
+                :meth:`value_state`.
         """
-        return self._declare(ListState, name, ttl, codec, ttl_on)
+        return self._declare(ListState, name, ttl, codec, ttl_on, (schema, version, migrate))
 
-    def _declare(self, cls: type[_S], name: str, ttl: Ttl, codec: Codec | None, ttl_on: str) -> _S:
+    def _declare(
+        self,
+        cls: type[_S],
+        name: str,
+        ttl: Ttl,
+        codec: Codec | None,
+        ttl_on: str,
+        schema: tuple[Any, int | None, Migrate | None],
+    ) -> _S:
         validate_state_name(name)
         self._check_ttl_on(name, ttl, ttl_on)
         codec = DefaultCodec() if codec is None else codec
@@ -273,6 +342,14 @@ class StatefulProcessorHandle:
             raise StateKeeperError(
                 f"state {name!r} is already declared as a {old.kind} state in this processor"
             )
+        stored = self._stored_record()
+        decl = None if stored is None else stored.states.get(name)
+        # Another kind is refused by record_operator, with its own message.
+        schemas = None if decl is None or decl.kind != cls.kind else decl.schemas
+        declared, version, migrate = schema
+        codec = declare_schema(
+            name, codec, declared, version=version, migrate=migrate, stored=schemas
+        )
         state = cls(self, name, ttl_ms(ttl), codec, ttl_on)
         self._states[name] = state
         return state
@@ -297,12 +374,30 @@ class StatefulProcessorHandle:
                 "event_time_column) or use ttl_on='processing_time'"
             )
 
+    def _stored_record(self) -> OperatorRecord | None:
+        """The store's operator record as it was before this handle wrote one.
+
+        Raises:
+            CorruptStateError: the stored record is not valid.
+            ConfigMismatchError: it was written by a newer format version.
+        """
+        if self._record is None:
+            raw = self._store.get(META_KEY)
+            self._record = (raw, None if raw is None else OperatorRecord.from_bytes(raw))
+        return self._record[1]
+
     # -- called by statekeeper around the processor (processors need not call these) -----
 
     def declared(self) -> dict[str, StateDecl]:
         """The states declared so far, for the operator record."""
         return {
-            name: StateDecl(s.kind, s.ttl_ms, str(s.codec.name), s.ttl_on)
+            name: StateDecl(
+                s.kind,
+                s.ttl_ms,
+                str(s.codec.name),
+                s.ttl_on,
+                s.codec.recorded if isinstance(s.codec, SchemaCodec) else (),
+            )
             for name, s in self._states.items()
         }
 
@@ -322,11 +417,12 @@ class StatefulProcessorHandle:
                 the store holds.
             CorruptStateError: the stored record is not valid.
         """
-        raw = self._store.get(META_KEY)
-        if raw is None:
+        stored = self._stored_record()
+        raw = None if self._record is None else self._record[0]
+        if stored is None:
             record = OperatorRecord(tuple(keys), key_schema, key_groups=self._key_groups)
         else:
-            record = OperatorRecord.from_bytes(raw)
+            record = stored
             check_keys(record, tuple(keys), operator)
             check_key_groups(record, self._key_groups, operator, self._partition)
             if key_schema is not None:
@@ -334,6 +430,7 @@ class StatefulProcessorHandle:
         data = record.merged(self.declared()).to_bytes()
         if data != raw:
             self._store.put(META_KEY, data)
+            self._record = None
 
     def set_key(self, key: tuple[Any, ...] | None, key_group: int | None = None) -> None:
         """Bind the states to ``key`` (``None``: unbind), without prefetching.

@@ -61,7 +61,8 @@ to every new store.
 ``<state>``, ``<grouping key>`` and ``<map key>`` use the tuple encoding of ``_tuples`` (self
 delimiting, so one key's prefix never matches another key). Every value written by a handle
 starts with a TTL byte: ``0x00`` (no expiry) or ``0x01`` followed by the expiry in
-milliseconds since the epoch (uint64), then the codec's bytes.
+milliseconds since the epoch (uint64), then the codec's bytes (for a state declared with a
+schema, its schema version first: see ``_schema``).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statekeeper.errors import ConfigMismatchError, CorruptStateError
+from statekeeper.keyed._schema import RecordedSchema
 from statekeeper.keyed._tuples import encode_element
 
 __all__ = [
@@ -132,9 +134,10 @@ NO_TTL = b"\x00"
 """The TTL byte of a value without expiry."""
 _WITH_TTL = 0x01
 _RECORD_FORMAT = "statekeeper.spark.operator"
-_RECORD_VERSION = 2
+_RECORD_VERSION = 3
 """Version 2 records ``keyGroups``; a record without key groups is still written as 1, so a
-store of a 0.1 operator keeps the record 0.1 reads."""
+store of a 0.1 operator keeps the record 0.1 reads. Version 3 (written only once a state
+declares a schema) records ``schemas``, whose values earlier readers cannot decode."""
 _STATE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 KINDS = ("value", "map", "list")
 _PT = "processing_time"
@@ -236,13 +239,18 @@ class StateDecl:
     codec: str
     ttl_on: str = "processing_time"
     """The clock its TTL runs on: ``"processing_time"`` or ``"event_time"``."""
+    schemas: tuple[RecordedSchema, ...] = ()
+    """Every schema version the state was declared with, ascending (none: no schema)."""
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON form stored in the operator record (``ttlOn`` only for event time, so
-        records of processing-time TTL stay as earlier releases wrote them)."""
+        """The JSON form stored in the operator record (``ttlOn`` only for event time and
+        ``schemas`` only with a schema, so other records stay as earlier releases wrote
+        them)."""
         doc: dict[str, Any] = {"kind": self.kind, "ttlMs": self.ttl_ms, "codec": self.codec}
         if self.ttl_on != "processing_time":
             doc["ttlOn"] = self.ttl_on
+        if self.schemas:
+            doc["schemas"] = [schema.to_json() for schema in self.schemas]
         return doc
 
 
@@ -262,7 +270,7 @@ class OperatorRecord:
         """The stored JSON document."""
         doc: dict[str, Any] = {
             "format": _RECORD_FORMAT,
-            "formatVersion": 1 if self.key_groups is None else _RECORD_VERSION,
+            "formatVersion": self._format_version(),
             "keys": list(self.keys),
             "keySchema": self.key_schema,
             "states": {name: decl.to_json() for name, decl in sorted(self.states.items())},
@@ -270,6 +278,11 @@ class OperatorRecord:
         if self.key_groups is not None:
             doc["keyGroups"] = self.key_groups
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+    def _format_version(self) -> int:
+        if any(decl.schemas for decl in self.states.values()):
+            return _RECORD_VERSION
+        return 1 if self.key_groups is None else 2
 
     @classmethod
     def from_bytes(cls, data: bytes) -> OperatorRecord:
@@ -291,7 +304,11 @@ class OperatorRecord:
                 )
             states = {
                 str(name): StateDecl(
-                    str(s["kind"]), s["ttlMs"], str(s["codec"]), str(s.get("ttlOn", _PT))
+                    str(s["kind"]),
+                    s["ttlMs"],
+                    str(s["codec"]),
+                    str(s.get("ttlOn", _PT)),
+                    tuple(RecordedSchema.from_json(d) for d in s.get("schemas", ())),
                 )
                 for name, s in doc["states"].items()
             }

@@ -9,6 +9,9 @@ byte it does not know refuses with a clear error instead of guessing.
 
 :class:`PickleCodec` (format byte ``0x80``) stores any picklable object. Unpickling runs
 code chosen by whoever wrote the bytes, so it is used only by handles that name it.
+
+A state declared with a schema wraps its codec's bytes in a third format (``0x02``, a schema
+version first): see :mod:`statekeeper.keyed._schema`.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from typing import Any, Protocol, runtime_checkable
 
 from statekeeper.errors import CorruptStateError
 
-__all__ = ["Codec", "DefaultCodec", "PickleCodec", "codec_by_name"]
+__all__ = ["Codec", "DefaultCodec", "PickleCodec", "codec_by_name", "read_varint", "varint"]
 
 DEFAULT_FORMAT = 0x01
+SCHEMA_FORMAT = 0x02
+"""A value of a state with a declared schema: version, then a codec's bytes (``_schema``)."""
 PICKLE_FORMAT = 0x80
 _MAX_DEPTH = 100
 
@@ -98,10 +103,16 @@ class DefaultCodec:
                 "state value is pickled; the default codec never unpickles (it can run "
                 "arbitrary code): declare the state with codec=PickleCodec() to read it"
             )
+        if fmt == SCHEMA_FORMAT:
+            raise CorruptStateError(
+                "state value carries a schema version (format byte 0x02): read it through its "
+                "state's declared schema, or with the schemas the operator record holds"
+            )
         if fmt != DEFAULT_FORMAT:
             raise CorruptStateError(
                 f"state value has format byte 0x{fmt:02x}; this statekeeper reads 0x01 "
-                "(default) and 0x80 (pickle): was it written by a newer version or another codec?"
+                "(default), 0x02 (with a schema) and 0x80 (pickle): was it written by a newer "
+                "version or another codec?"
             )
         try:
             value, end = _decode(memoryview(data), 1)
@@ -193,7 +204,7 @@ def _encode(value: Any, out: bytearray, depth: int) -> None:
     elif kind is str:
         raw = value.encode("utf-8")
         out.append(_STR)
-        _varint(len(raw), out)
+        varint(len(raw), out)
         out += raw
     elif kind in (list, tuple, dict):
         _encode_container(value, out, depth)
@@ -208,7 +219,7 @@ def _encode_int(value: int, out: bytearray) -> None:
         return
     raw = value.to_bytes((value.bit_length() + 8) // 8, "big", signed=True)
     out.append(_BIGINT)
-    _varint(len(raw), out)
+    varint(len(raw), out)
     out += raw
 
 
@@ -217,13 +228,13 @@ def _encode_container(value: Any, out: bytearray, depth: int) -> None:
         raise ValueError(f"state value nests deeper than {_MAX_DEPTH} levels (or is cyclic)")
     if isinstance(value, dict):
         out.append(_DICT)
-        _varint(len(value), out)
+        varint(len(value), out)
         for key, item in value.items():
             _encode(key, out, depth + 1)
             _encode(item, out, depth + 1)
         return
     out.append(_TUPLE if isinstance(value, tuple) else _LIST)
-    _varint(len(value), out)
+    varint(len(value), out)
     for item in value:
         _encode(item, out, depth + 1)
 
@@ -232,7 +243,7 @@ def _encode_other(value: Any, out: bytearray, depth: int) -> None:
     if isinstance(value, bytes | bytearray | memoryview):
         raw = bytes(value)
         out.append(_BYTES)
-        _varint(len(raw), out)
+        varint(len(raw), out)
         out += raw
     elif isinstance(value, dt.datetime | dt.date | dt.time):
         _encode_temporal(value, out)
@@ -242,7 +253,7 @@ def _encode_other(value: Any, out: bytearray, depth: int) -> None:
     elif isinstance(value, Decimal):
         raw = str(value).encode("ascii")
         out.append(_DECIMAL)
-        _varint(len(raw), out)
+        varint(len(raw), out)
         out += raw
     else:
         _encode_coerced(value, out, depth)
@@ -259,7 +270,7 @@ def _encode_temporal(value: dt.datetime | dt.date | dt.time, out: bytearray) -> 
         tag, text = _TIME, dt.time.isoformat(value)
     raw = text.encode("ascii")
     out.append(tag)
-    _varint(len(raw), out)
+    varint(len(raw), out)
     out += raw
 
 
@@ -285,7 +296,8 @@ def _encode_coerced(value: Any, out: bytearray, depth: int) -> None:
         )
 
 
-def _varint(n: int, out: bytearray) -> None:
+def varint(n: int, out: bytearray) -> None:
+    """Append ``n`` (>= 0) to ``out`` as an unsigned LEB128 varint."""
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
         n >>= 7
@@ -295,7 +307,13 @@ def _varint(n: int, out: bytearray) -> None:
 # -- decoding ------------------------------------------------------------------------------
 
 
-def _read_varint(data: memoryview, pos: int) -> tuple[int, int]:
+def read_varint(data: memoryview, pos: int) -> tuple[int, int]:
+    """The varint at ``pos`` of ``data``, and the position after it.
+
+    Raises:
+        IndexError: ``data`` ends inside it.
+        ValueError: longer than 64 bits.
+    """
     shift = result = 0
     while True:
         byte = data[pos]
@@ -309,7 +327,7 @@ def _read_varint(data: memoryview, pos: int) -> tuple[int, int]:
 
 
 def _read_raw(data: memoryview, pos: int) -> tuple[bytes, int]:
-    size, pos = _read_varint(data, pos)
+    size, pos = read_varint(data, pos)
     end = pos + size
     if end > len(data):
         raise ValueError("length runs past the end of the value")
@@ -336,7 +354,7 @@ def _decode(data: memoryview, pos: int, depth: int = 0) -> tuple[Any, int]:
 
 
 def _decode_container(data: memoryview, pos: int, tag: int, depth: int) -> tuple[Any, int]:
-    count, pos = _read_varint(data, pos)
+    count, pos = read_varint(data, pos)
     if tag == _DICT:
         out: dict[Any, Any] = {}
         for _ in range(count):

@@ -1,0 +1,603 @@
+"""Declared schemas of state values: recorded per version, checked when declared, migrated
+on read, written in the new version lazily.
+
+A state declared with ``schema=`` (a dataclass or a Spark ``StructType``) and ``version=``
+stores each value (after the TTL bytes of ``_layout``) as::
+
+    0x02 <schema version: varint> <the codec's bytes of the list of field values>
+
+the fields in the order the operator record lists for that version. The record keeps the
+field list (name, type, nullability) of **every** version the state was declared with, so a
+reader decodes any value without the processor, and the store is never rewritten when a
+schema changes: a value moves to the declared version when its key is next written. Only
+the version costs bytes per value (one byte below version 128); field names live in the
+record. States declared without a schema keep their values' bytes (the codec's, starting
+``0x01`` or ``0x80``) and their record entries exactly as before.
+
+Compatibility is decided when the processor declares the state (in ``init``, before any
+value is read or written), against every version the record holds, because values of any
+of them may still be stored; a change that cannot be read raises
+:class:`~statekeeper.errors.ConfigMismatchError` naming the state and both schemas, so
+nothing committed is touched and the processor can be fixed and restarted. The rules are in
+:meth:`statekeeper.keyed.StatefulProcessorHandle.value_state`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Union
+
+from statekeeper.errors import ConfigMismatchError, CorruptStateError
+from statekeeper.keyed._values import (
+    SCHEMA_FORMAT,
+    Codec,
+    DefaultCodec,
+    PickleCodec,
+    read_varint,
+    varint,
+)
+
+__all__ = [
+    "SCHEMA_FORMAT",
+    "Migrate",
+    "RecordedSchema",
+    "SchemaCodec",
+    "SchemaField",
+    "declare_schema",
+    "decode_recorded",
+    "stored_schema_version",
+]
+
+_MAX_VERSION = 2**31 - 1
+
+Migrate = Callable[[Any, int], Any]
+"""``migrate(old value as a dict of its version's fields, that version) -> new value``."""
+
+_PY_TYPES: dict[Any, str] = {
+    bool: "boolean",
+    int: "bigint",
+    float: "double",
+    str: "string",
+    bytes: "binary",
+    dt.datetime: "timestamp",
+    dt.date: "date",
+    dt.time: "time",
+    dt.timedelta: "interval",
+    Decimal: "decimal",
+}
+_SPARK_TYPES = {"long": "bigint", "integer": "int", "short": "smallint", "byte": "tinyint"}
+_INTS = ("tinyint", "smallint", "int", "bigint")
+_FLOATS = ("float", "double")
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaField:
+    """One field of a recorded schema."""
+
+    name: str
+    type: str
+    """Spark's simple type names (``bigint``, ``double``, ``string``, ``array<string>``,
+    ``map<string,bigint>``, ...), ``any`` for an unchecked field."""
+    nullable: bool
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.type}{'' if self.nullable else ' not null'}"
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedSchema:
+    """The fields of one schema version of a state, as the operator record keeps them."""
+
+    version: int
+    fields: tuple[SchemaField, ...]
+
+    def __str__(self) -> str:
+        return f"version {self.version} ({', '.join(map(str, self.fields))})"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The field names, in stored order."""
+        return tuple(f.name for f in self.fields)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form in the operator record."""
+        return {
+            "version": self.version,
+            "fields": [
+                {"name": f.name, "type": f.type, "nullable": f.nullable} for f in self.fields
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> RecordedSchema:
+        """Parse :meth:`to_json`'s form.
+
+        Raises:
+            ValueError, KeyError, TypeError: not such a document.
+        """
+        version = doc["version"]
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise ValueError(f"schema version must be a positive int, got {version!r}")
+        fields = tuple(
+            SchemaField(str(f["name"]), str(f["type"]), bool(f["nullable"])) for f in doc["fields"]
+        )
+        return cls(version, fields)
+
+
+# -- what a processor declares -----------------------------------------------------------
+
+
+class _Shape:
+    """How declared values map to field lists: a dataclass, or dicts (a ``StructType``)."""
+
+    def __init__(
+        self,
+        state: str,
+        fields: tuple[SchemaField, ...],
+        cls: type | None,
+        defaults: dict[str, Callable[[], Any]],
+    ) -> None:
+        self.state = state
+        self.fields = fields
+        self.names = tuple(f.name for f in fields)
+        self.cls = cls
+        self.defaults = defaults
+        """Fields a value of an older version may lack: those with a default, or nullable."""
+        self._required = [i for i, f in enumerate(fields) if not f.nullable]
+        self._positional = cls is not None and not any(
+            f.kw_only for f in dataclasses.fields(cls) if f.init
+        )
+
+    def build(self, values: list[Any]) -> Any:
+        """The declared value of field values in declared order."""
+        if self.cls is None:
+            return dict(zip(self.names, values, strict=True))
+        if self._positional:
+            return self.cls(*values)
+        return self.cls(**dict(zip(self.names, values, strict=True)))
+
+    def coerce(self, value: Any, what: str) -> Any:
+        """``value`` (the declared type, or a mapping of field names) as the declared type.
+
+        Raises:
+            TypeError: neither, or a mapping without a field that has no default.
+        """
+        if self.cls is not None and isinstance(value, self.cls):
+            return value
+        return self.build(self.values(value, what))
+
+    def values(self, value: Any, what: str) -> list[Any]:
+        """The field values of ``value`` in declared order (a mapping may leave out fields
+        with defaults).
+
+        Raises:
+            TypeError: not the declared type or a mapping, an unknown or missing field, or
+                ``None`` in a field that is not nullable.
+        """
+        if self.cls is not None and isinstance(value, self.cls):
+            out = [getattr(value, name) for name in self.names]
+        else:
+            out = self._from_mapping(value, what)
+        for i in self._required:
+            if out[i] is None:
+                raise TypeError(
+                    f"{what} of state {self.state!r}: field {self.names[i]!r} is None, but "
+                    "the schema says it is not nullable"
+                )
+        return out
+
+    def _from_mapping(self, value: Any, what: str) -> list[Any]:
+        if not isinstance(value, Mapping):
+            as_dict = getattr(value, "asDict", None)  # a pyspark Row
+            if not callable(as_dict):
+                expected = "a dict" if self.cls is None else f"a {self.cls.__name__} or a dict"
+                raise TypeError(
+                    f"{what} of state {self.state!r} must be {expected} (its declared "
+                    f"schema), got a {type(value).__name__}"
+                )
+            value = as_dict()
+        unknown = set(value) - set(self.names)
+        if unknown:
+            raise TypeError(
+                f"{what} of state {self.state!r} has fields {sorted(unknown)} that its schema "
+                f"does not declare (fields: {list(self.names)})"
+            )
+        out = []
+        for name in self.names:
+            if name in value:
+                out.append(value[name])
+            elif name in self.defaults:
+                out.append(self.defaults[name]())
+            else:
+                raise TypeError(
+                    f"{what} of state {self.state!r} lacks field {name!r}, which has no default"
+                )
+        return out
+
+
+def _shape_of(state: str, schema: Any) -> _Shape:
+    """The shape of a declared ``schema``.
+
+    Raises:
+        TypeError: not a dataclass or a ``StructType``, or a field type without a schema type.
+    """
+    if isinstance(schema, type) and dataclasses.is_dataclass(schema):
+        return _dataclass_shape(state, schema)
+    json_value = getattr(schema, "jsonValue", None)
+    doc = json_value() if callable(json_value) else None
+    if isinstance(doc, dict) and doc.get("type") == "struct":
+        fields = tuple(
+            SchemaField(f["name"], _spark_type(f["type"]), bool(f["nullable"]))
+            for f in doc["fields"]
+        )
+        defaults = {f.name: _none for f in fields if f.nullable}
+        return _Shape(state, _unique(state, fields), None, defaults)
+    raise TypeError(
+        f"state {state!r}: schema must be a dataclass or a pyspark StructType, got {schema!r}"
+    )
+
+
+def _none() -> None:
+    return None
+
+
+def _dataclass_shape(state: str, cls: type) -> _Shape:
+    hints = typing.get_type_hints(cls)
+    fields: list[SchemaField] = []
+    defaults: dict[str, Callable[[], Any]] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue  # computed in __post_init__, not part of the stored value
+        try:
+            kind, nullable = _py_type(hints[f.name])
+        except TypeError as exc:
+            raise TypeError(f"state {state!r}: field {f.name!r} of {cls.__name__}: {exc}") from None
+        fields.append(SchemaField(f.name, kind, nullable))
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = _constant(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory
+        elif nullable:
+            defaults[f.name] = _none
+    return _Shape(state, tuple(fields), cls, defaults)
+
+
+def _constant(value: Any) -> Callable[[], Any]:
+    return lambda: value
+
+
+def _py_type(hint: Any) -> tuple[str, bool]:
+    """The schema type of a dataclass field's annotation, and whether it is nullable.
+
+    Raises:
+        TypeError: a type values cannot be checked as.
+    """
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Union or origin is types.UnionType:
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and len(args) == 2:
+            return _py_type(rest[0])[0], True
+        raise TypeError(f"a union {hint!r} has no schema type: use one type or Optional[...]")
+    if hint is Any:
+        return "any", True
+    if hint in _PY_TYPES:
+        return _PY_TYPES[hint], False
+    if hint in (list, tuple) or (origin in (list, tuple) and not args):
+        return "array<any>", False
+    if origin is list or (origin is tuple and len(args) == 2 and args[1] is Ellipsis):
+        return f"array<{_py_type(args[0])[0]}>", False
+    if hint is dict or (origin is dict and not args):
+        return "map<any,any>", False
+    if origin is dict:
+        return f"map<{_py_type(args[0])[0]},{_py_type(args[1])[0]}>", False
+    raise TypeError(
+        f"{hint!r} has no schema type: use bool, int, float, str, bytes, datetime, date, time, "
+        "timedelta, Decimal, list[...], tuple[..., ...], dict[..., ...], Optional[...] or Any"
+    )
+
+
+def _spark_type(doc: Any) -> str:
+    """Spark's simple type name of a data type's JSON form."""
+    if isinstance(doc, str):
+        if doc.startswith(("char(", "varchar(")):
+            return "string"
+        return _SPARK_TYPES.get(doc, doc)
+    kind = doc["type"]
+    if kind == "array":
+        return f"array<{_spark_type(doc['elementType'])}>"
+    if kind == "map":
+        return f"map<{_spark_type(doc['keyType'])},{_spark_type(doc['valueType'])}>"
+    if kind == "struct":
+        inner = ",".join(f"{f['name']}:{_spark_type(f['type'])}" for f in doc["fields"])
+        return f"struct<{inner}>"
+    raise TypeError(f"a Spark type {doc!r} has no schema type")
+
+
+def _unique(state: str, fields: tuple[SchemaField, ...]) -> tuple[SchemaField, ...]:
+    names = [f.name for f in fields]
+    if len(set(names)) != len(names) or not names:
+        raise TypeError(f"state {state!r}: a schema needs fields with distinct names, got {names}")
+    return fields
+
+
+# -- compatibility -------------------------------------------------------------------------
+
+
+def _widens(old: str, new: str) -> bool:
+    """True if every value of type ``old`` reads as type ``new`` without a migration."""
+    if old == new or new == "any":
+        return True
+    if old in _INTS:
+        return (new in _INTS and _INTS.index(new) > _INTS.index(old)) or new == "double"
+    return old == "float" and new == "double"
+
+
+def _problems(old: RecordedSchema, shape: _Shape) -> list[str]:
+    """Why values of ``old`` cannot be read as the declared fields (empty: they can)."""
+    stored = {f.name: f for f in old.fields}
+    found = []
+    for f in shape.fields:
+        was = stored.get(f.name)
+        if was is None:
+            if f.name not in shape.defaults:
+                found.append(f"field {f.name!r} is added without a default and is not nullable")
+        elif not _widens(was.type, f.type):
+            found.append(f"field {f.name!r} changes type from {was.type} to {f.type}")
+        elif was.nullable and not f.nullable:
+            found.append(f"field {f.name!r} may be null in version {old.version} but not now")
+    return found
+
+
+def _check(
+    state: str,
+    history: tuple[RecordedSchema, ...],
+    declared: RecordedSchema,
+    shape: _Shape,
+    migrate: Migrate | None,
+) -> tuple[RecordedSchema, ...]:
+    """The schema versions to record, once ``declared`` is known to read every stored one.
+
+    Raises:
+        ConfigMismatchError: it cannot.
+    """
+    if not history:
+        return (declared,)
+    newest = history[-1]
+    if declared.version < newest.version:
+        raise ConfigMismatchError(
+            f"state {state!r}: the store holds values up to schema {newest}, but the processor "
+            f"declares schema {declared}: schema versions never go down (version "
+            f"{declared.version} cannot read what version {newest.version} wrote)"
+        )
+    if declared.version == newest.version:
+        if declared.fields != newest.fields:
+            raise ConfigMismatchError(
+                f"state {state!r}: the store records schema {newest}, but the processor "
+                f"declares schema {declared}: a changed schema needs a higher version (and "
+                "a migrate= function unless the change is compatible)"
+            )
+        return history
+    if migrate is None:
+        for old in history:
+            found = _problems(old, shape)
+            if found:
+                raise ConfigMismatchError(
+                    f"state {state!r}: values stored with schema {old} cannot be read as the "
+                    f"declared schema {declared} without a migration: {'; '.join(found)}. "
+                    "Pass migrate=, or make the change compatible (see value_state)"
+                )
+    return (*history, declared)
+
+
+def declare_schema(
+    state: str,
+    codec: Codec,
+    schema: Any,
+    *,
+    version: int | None,
+    migrate: Migrate | None,
+    stored: tuple[RecordedSchema, ...] | None,
+) -> Codec:
+    """The codec a state declared with these arguments reads and writes through.
+
+    Args:
+        state: the state's name (for errors).
+        codec: the declared codec.
+        schema: the declared schema, or ``None``.
+        version: the declared schema version (1 if ``None``).
+        migrate: the declared migration, or ``None``.
+        stored: the schema versions the store's record holds for the state; ``None`` if the
+            record does not know the state (an empty tuple: it holds values without a schema).
+
+    Raises:
+        TypeError, ValueError: malformed arguments.
+        ConfigMismatchError: the declared schema cannot read what the store holds.
+    """
+    if schema is None:
+        if version is not None or migrate is not None:
+            raise TypeError(f"state {state!r}: version= and migrate= need a schema=")
+        if stored:
+            raise ConfigMismatchError(
+                f"state {state!r}: the store records schema {stored[-1]}, but the processor "
+                "declares the state without a schema: declare it with schema= and version= "
+                "(its values carry their schema version)"
+            )
+        return codec
+    if not isinstance(codec, DefaultCodec | PickleCodec):
+        raise TypeError(
+            f"state {state!r}: a schema needs the DefaultCodec or the PickleCodec, got {codec!r}"
+        )
+    version = 1 if version is None else version
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise TypeError(f"state {state!r}: version must be an int, got {version!r}")
+    if not 1 <= version <= _MAX_VERSION:
+        raise ValueError(
+            f"state {state!r}: version must be from 1 to {_MAX_VERSION}, got {version}"
+        )
+    if migrate is not None and not callable(migrate):
+        raise TypeError(f"state {state!r}: migrate must be callable, got {migrate!r}")
+    shape = _shape_of(state, schema)
+    declared = RecordedSchema(version, shape.fields)
+    if stored is not None and not stored and migrate is None:
+        raise ConfigMismatchError(
+            f"state {state!r} holds values written without a schema; declaring schema "
+            f"{declared} for it needs migrate= (called with from_version=0 and each old value "
+            "as the codec decoded it)"
+        )
+    history = _check(state, stored or (), declared, shape, migrate)
+    return SchemaCodec(state, codec, shape, history, version, migrate)
+
+
+# -- values --------------------------------------------------------------------------------
+
+
+class SchemaCodec:
+    """Reads values of every recorded version as the declared type; writes the declared one."""
+
+    def __init__(
+        self,
+        state: str,
+        inner: Codec,
+        shape: _Shape,
+        history: tuple[RecordedSchema, ...],
+        version: int,
+        migrate: Migrate | None,
+    ) -> None:
+        """Wrap ``inner``; see :func:`declare_schema`."""
+        self.name = inner.name
+        self.recorded = history
+        """Every schema version the operator record keeps for the state, ascending."""
+        self.version = version
+        self._state = state
+        self._inner = inner
+        self._shape = shape
+        self._migrate = migrate
+        header = bytearray((SCHEMA_FORMAT,))
+        varint(version, header)
+        self._header = bytes(header)
+        self._plans: dict[int, Callable[[list[Any]], Any]] = {}
+
+    def encode(self, value: Any) -> bytes:
+        """The bytes of ``value`` in the declared version.
+
+        Raises:
+            TypeError: ``value`` is not of the declared schema, or its codec cannot encode it.
+        """
+        return self._header + self._inner.encode(self._shape.values(value, "a value"))
+
+    def decode(self, data: bytes) -> Any:
+        """``data`` as the declared type: migrated or given defaults if an older version.
+
+        Raises:
+            CorruptStateError: malformed bytes, or a version the record does not hold.
+            TypeError: a migration returned something that is not of the declared schema.
+            Exception: whatever the migration raises.
+        """
+        if data[:1] != self._header[:1]:
+            return self._unversioned(data)
+        version, start = _read_version(data)
+        values = self._inner.decode(data[start:])
+        if not isinstance(values, list):
+            raise CorruptStateError(f"a value of state {self._state!r} does not hold a field list")
+        if version == self.version:
+            if len(values) != len(self._shape.names):
+                raise CorruptStateError(
+                    f"a value of state {self._state!r} holds {len(values)} fields, its schema "
+                    f"version {version} has {len(self._shape.names)}"
+                )
+            return self._shape.build(values)
+        plan = self._plans.get(version)
+        if plan is None:
+            plan = self._plans[version] = self._plan(version)
+        return plan(values)
+
+    def _unversioned(self, data: bytes) -> Any:
+        if self._migrate is None:
+            raise CorruptStateError(
+                f"a value of state {self._state!r} carries no schema version (first byte "
+                f"0x{data[:1].hex() or '--'}), and the state declares no migrate= for values "
+                "written before it had a schema"
+            )
+        return self._shape.coerce(self._migrate(self._inner.decode(data), 0), "migrate's result")
+
+    def _plan(self, version: int) -> Callable[[list[Any]], Any]:
+        """How values of an older ``version`` become the declared type."""
+        old = next((s for s in self.recorded if s.version == version), None)
+        if old is None or version > self.version:
+            raise CorruptStateError(
+                f"a value of state {self._state!r} has schema version {version}, which the "
+                f"operator record does not hold (it holds {[s.version for s in self.recorded]})"
+            )
+        names, shape, migrate = old.names, self._shape, self._migrate
+        if migrate is not None:
+            return lambda values: shape.coerce(
+                migrate(dict(zip(names, values, strict=True)), version), "migrate's result"
+            )
+        position = {name: i for i, name in enumerate(names)}
+        types_of = {f.name: f.type for f in old.fields}
+        steps: list[tuple[int, Callable[[], Any] | None, bool]] = []
+        for f in shape.fields:
+            i = position.get(f.name, -1)
+            to_float = i >= 0 and f.type in _FLOATS and types_of[f.name] not in _FLOATS
+            steps.append((i, shape.defaults.get(f.name) if i < 0 else None, to_float))
+
+        def read(values: list[Any]) -> Any:
+            out = []
+            for i, default, to_float in steps:
+                if i < 0:
+                    out.append(default() if default is not None else None)
+                else:
+                    value = values[i]
+                    out.append(float(value) if to_float and value is not None else value)
+            return shape.build(out)
+
+        return read
+
+
+def decode_recorded(payload: bytes, codec: Codec, schemas: tuple[RecordedSchema, ...]) -> Any:
+    """A value of a state recorded with ``schemas``, without its processor: a dict of the
+    fields of the version it was written in (a value written before the state had a schema
+    as ``codec`` decodes it).
+
+    Raises:
+        CorruptStateError: malformed bytes, or a version the record does not hold.
+    """
+    if payload[:1] != bytes((SCHEMA_FORMAT,)):
+        return codec.decode(payload)
+    version, start = _read_version(payload)
+    schema = next((s for s in schemas if s.version == version), None)
+    if schema is None:
+        raise CorruptStateError(
+            f"a state value has schema version {version}, which the operator record does not "
+            f"hold (it holds {[s.version for s in schemas]})"
+        )
+    values = codec.decode(payload[start:])
+    if not isinstance(values, list) or len(values) != len(schema.fields):
+        raise CorruptStateError(f"a state value does not hold the fields of schema {schema}")
+    return dict(zip(schema.names, values, strict=True))
+
+
+def stored_schema_version(payload: bytes) -> int | None:
+    """The schema version a stored value (its codec bytes, after the TTL bytes) was written
+    in; ``None`` for a value without one.
+
+    Raises:
+        CorruptStateError: a malformed version.
+    """
+    if payload[:1] != bytes((SCHEMA_FORMAT,)):
+        return None
+    return _read_version(payload)[0]
+
+
+def _read_version(data: bytes) -> tuple[int, int]:
+    """The schema version after the format byte, and where the codec's bytes start."""
+    try:
+        return read_varint(memoryview(data), 1)
+    except (IndexError, ValueError) as exc:
+        raise CorruptStateError(f"a state value's schema version is malformed: {exc}") from exc
