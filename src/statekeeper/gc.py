@@ -39,6 +39,13 @@ listing suggests (a listing is not atomic: commits and snapshots land between it
 * everything else of the store (losing attempts, unregistered snapshots, format-1 blobs the
   authority no longer names) is deleted once older than ``orphan_ttl_s``.
 
+**Blobs shared between stores.** A store made by a rescale (:mod:`statekeeper.repartition`)
+reuses its parents' SST blobs in place: its snapshot indexes name blobs under another store's
+``files/``. Every run first reads the retained (and recently retired) snapshots of every store
+of the operators the root records as rescaled (``shared_from``) and keeps each blob of
+another store they name, whatever that store's own manifest says: once a parent's old
+snapshots are retired, those blobs may be named by nothing else.
+
 An ``orphan_ttl_s`` below :data:`MIN_ORPHAN_TTL_S` is raised to it, with a warning: a blob is
 written before a manifest names it, and a grace shorter than that window would sweep a
 commit's changelog just before the commit lands (a committed version with no blob).
@@ -72,7 +79,12 @@ from statekeeper.manifest import (
     write_manifest,
 )
 from statekeeper.reports import sweep_reports
-from statekeeper.snapshot import SnapshotIndex, load_index, referenced_blob_ids
+from statekeeper.snapshot import (
+    SnapshotIndex,
+    load_index,
+    referenced_blob_ids,
+    referenced_blob_keys,
+)
 from statekeeper.storage import BlobMeta, BlobStore
 
 __all__ = ["GcReport", "StoreGc", "collect_garbage"]
@@ -138,6 +150,7 @@ def collect_garbage(
     budget_s: float | None = None,
     now: float | None = None,
     root_id: str = "",
+    shared_from: Iterable[str] = (),
 ) -> GcReport:
     """Collect garbage in every store of ``operators`` (or only the store ``only``).
 
@@ -152,6 +165,8 @@ def collect_garbage(
         budget_s: stop visiting further stores after this many seconds.
         now: the current time (seconds since the epoch), for tests.
         root_id: the root's id (manifests of another root are refused).
+        shared_from: operators whose stores' snapshots may name other stores' blobs (the
+            root's rescaled operators): those blobs are kept while such a snapshot is.
 
     Raises:
         StorageError: a listing or a delete failed (what was deleted stays deleted; a
@@ -162,6 +177,7 @@ def collect_garbage(
     config = _clamped(config)
     report = GcReport(dry_run=dry_run)
     pins = pinned_versions(blobs)
+    shared = _shared_blobs(blobs, config, list(shared_from), root_id, now)
     for operator in operators:
         for partition, metas in _store_blobs(blobs, operator, only).items():
             if budget_s is not None and time.monotonic() - started > budget_s:
@@ -169,7 +185,7 @@ def collect_garbage(
                 break
             is_busy = (operator, partition) in busy
             pin = pins.get((operator, partition))
-            where = _Store(blobs, config, operator, partition, root_id, now, dry_run, pin)
+            where = _Store(blobs, config, operator, partition, root_id, now, dry_run, pin, shared)
             if any(layout.parse_manifest_key(m.key) is not None for m in metas):
                 store_report, doomed = _plan_manifest_store(where, metas, is_busy)
             else:
@@ -271,7 +287,7 @@ def _plan_store(st: _Store, metas: list[BlobMeta], busy: bool) -> tuple[StoreGc,
     ]
     for m in files:
         blob_id = m.key.rsplit("/", 1)[-1]
-        if blob_id in referenced:
+        if blob_id in referenced or m.key in st.shared:
             continue
         # Files of expired snapshots go now (a new snapshot only ever reuses files of the
         # newest one, which is kept); orphans wait out the grace period.
@@ -291,6 +307,8 @@ class _Store:
     dry_run: bool
     pin: int | None = None
     """The oldest version an epoch manifest names: kept restorable."""
+    shared: frozenset[str] = frozenset()
+    """Keys of this root's blobs that snapshots of other stores name (:func:`_shared_blobs`)."""
 
 
 def _plan_manifest_store(
@@ -324,7 +342,7 @@ def _plan_manifest_store(
             if m.key in superseded:
                 doomed.append(m)
             continue
-        if m.key in protected or busy:
+        if m.key in protected or m.key in st.shared or busy:
             continue
         if m.last_modified <= old or _expired_version(m.key, manifest.base):
             doomed.append(m)
@@ -439,7 +457,38 @@ def _protected(st: _Store, manifest: StoreManifest) -> set[str]:
 
 
 def _file_keys(st: _Store, index: SnapshotIndex) -> set[str]:
-    return {layout.file_blob_key(st.operator, st.partition, b) for b in referenced_blob_ids(index)}
+    return referenced_blob_keys(index)
+
+
+def _shared_blobs(
+    blobs: BlobStore, config: StoreConfig, operators: list[str], root_id: str, now: float
+) -> frozenset[str]:
+    """Keys of blobs held in one store that a snapshot of another store names, among the
+    snapshots each store of ``operators`` retains or retired less than ``orphan_ttl_s`` ago
+    (an unreadable index is skipped: no restore can use it either).
+
+    Raises:
+        StorageError: a listing or read failed.
+    """
+    shared: set[str] = set()
+    for operator in operators:
+        for partition, metas in _store_blobs(blobs, operator, None).items():
+            st = _Store(blobs, config, operator, partition, root_id, now, dry_run=True)
+            if not any(layout.parse_manifest_key(m.key) is not None for m in metas):
+                continue  # format 1: made before rescales existed
+            try:
+                manifest = read_newest_manifest(
+                    blobs, root_id=root_id, operator=operator, partition=partition,
+                    keys=[m.key for m in metas],
+                )  # fmt: skip
+                assert manifest is not None
+                own = layout.files_prefix(operator, partition)
+                shared |= {
+                    k for k in _protected(st, manifest) if "/files/" in k and not k.startswith(own)
+                }
+            except StateKeeperError as exc:
+                _log.warning("gc: store %s/%s: %s", operator, partition, exc)
+    return frozenset(shared)
 
 
 def _superseded(st: _Store, metas: list[BlobMeta], old: float) -> set[str]:

@@ -167,6 +167,7 @@ class _StoreCheck:
         self.blobs, self.operator, self.partition = blobs, operator, partition
         self.store = f"{operator}/{partition}"
         self.metas = {m.key: m for m in metas}
+        self.foreign: dict[str, BlobMeta] = {}
         self.report, self.deep, self.root_id = report, deep, root_id
 
     def problem(self, blob: str, kind: str, message: str) -> None:
@@ -404,10 +405,12 @@ class _StoreCheck:
         return index
 
     def _check_file(self, index_key: str, rel: str, entry: FileIndex) -> None:
-        keys = [layout.file_blob_key(self.operator, self.partition, b.blob_id) for b in entry.blobs]
+        keys = [b.key(self.operator, self.partition) for b in entry.blobs]
         sizes = entry.chunk_sizes()
         for key, size in zip(keys, sizes, strict=True):
             meta = self.metas.get(key)
+            if meta is None and layout.parse_store_key(key) != (self.operator, self.partition):
+                meta = self._foreign(key)  # a parent store's blob (a rescale reuses it)
             if meta is None:
                 self.problem(
                     key, "missing", f"file {rel} of snapshot {index_key}: {key} is missing"
@@ -419,10 +422,19 @@ class _StoreCheck:
                     f"file {rel} of snapshot {index_key}: {key} holds {meta.size} bytes, "
                     f"expected {size}",
                 )
-        if self.deep and all(k in self.metas for k in keys):
+        if self.deep and all(k in self.metas or k in self.foreign for k in keys):
             self._check_file_crc(index_key, rel, entry, keys)
         elif not self.deep:
             self.report.blobs_checked += len(keys)  # checked against the listing
+
+    def _foreign(self, key: str) -> BlobMeta | None:
+        """The listing entry of a blob of another store (``None`` if it is missing)."""
+        if key not in self.foreign:
+            try:
+                self.foreign[key] = self.blobs.head(key)
+            except StateNotFoundError:
+                return None
+        return self.foreign[key]
 
     def _check_file_crc(self, index_key: str, rel: str, entry: FileIndex, keys: list[str]) -> None:
         crc = 0

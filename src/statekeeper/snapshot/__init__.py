@@ -23,7 +23,9 @@ from statekeeper.snapshot._index import (
     check_metadata,
     iter_dirs,
     iter_files,
+    rebased,
     referenced_blob_ids,
+    referenced_blob_keys,
 )
 from statekeeper.snapshot._transfer import SnapshotMetrics, load_index, upload_snapshot
 
@@ -45,7 +47,9 @@ __all__ = [
     "iter_dirs",
     "iter_files",
     "load_index",
+    "rebased",
     "referenced_blob_ids",
+    "referenced_blob_keys",
     "restore_snapshot",
     "upload_snapshot",
 ]

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, NoReturn
 
 import google_crc32c
 
-from statekeeper import layout
 from statekeeper.errors import CorruptStateError, StateKeeperError, StateNotFoundError
 from statekeeper.snapshot._files import crc32c_of_file, fsync_dir
 from statekeeper.snapshot._index import DirIndex, FileIndex, SnapshotIndex, iter_dirs
@@ -190,8 +189,7 @@ class _IndexCheck:
                 self.refuse(f"file {rel!r}: {problem}")
             try:
                 self.keys[rel] = tuple(
-                    layout.file_blob_key(self.meta.operator, self.meta.partition, b.blob_id)
-                    for b in f.blobs
+                    b.key(self.meta.operator, self.meta.partition) for b in f.blobs
                 )
             except (TypeError, ValueError) as exc:
                 self.refuse(f"file {rel!r}: {exc}")

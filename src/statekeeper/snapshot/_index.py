@@ -9,6 +9,7 @@ that could make a restore write outside its target is refused before anything is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any, NoReturn, TypeVar
 
 import google_crc32c
 
+from statekeeper import layout
 from statekeeper.errors import CorruptStateError
 from statekeeper.snapshot import _rules as rules
 from statekeeper.snapshot._metadata import SnapshotMetadata, check_metadata
@@ -31,13 +33,19 @@ __all__ = [
     "check_metadata",
     "iter_dirs",
     "iter_files",
+    "rebased",
     "referenced_blob_ids",
+    "referenced_blob_keys",
 ]
 
 SCHEMA_VERSION = 2
 """The schema version written when the metadata names its root and attempt (always, from
 statekeeper's format 2); ``1`` (statekeeper 0.1: no ``rootId``, no ``attempt``) is still read."""
 _ANONYMOUS_SCHEMA = 1
+SHARED_SCHEMA_VERSION = 3
+"""The schema of an index naming blobs of another store (``store`` on a chunk, written by a
+rescale: see :mod:`statekeeper.repartition`); statekeeper before it refuses such an index as
+written by a newer statekeeper instead of looking for the blobs in the wrong store."""
 ROOT_DIR_NAME = ""
 """The name of the root :class:`DirIndex` of every snapshot (the seed's ``ROOT_DIR_NAME``)."""
 
@@ -54,16 +62,28 @@ def _require(problem: str | None) -> None:
 class FileBlob:
     """One chunk of a file: the blob holding it and where it starts in the file.
 
+    ``store`` is ``None`` for a blob of the index's own store, else the (operator, partition)
+    whose ``files/`` hold it: a store made by a rescale reuses its parents' blobs in place.
+
     Raises:
-        ValueError: ``blob_id`` is not a valid blob id, or ``offset`` is not an int >= 0.
+        ValueError: ``blob_id`` is not a valid blob id, ``offset`` is not an int >= 0, or
+            ``store`` is not a valid (operator, partition).
     """
 
     blob_id: str
     offset: int
+    store: tuple[str, int] | None = None
 
     def __post_init__(self) -> None:
         _require(rules.blob_id_problem(self.blob_id))
         _require(rules.int_problem(self.offset, "offset", 0))
+        if self.store is not None:
+            _require(rules.store_problem(self.store))
+
+    def key(self, operator: str, partition: int) -> str:
+        """The blob's key, for an index of store (``operator``, ``partition``)."""
+        owner, part = self.store if self.store is not None else (operator, partition)
+        return layout.file_blob_key(owner, part, self.blob_id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,6 +206,8 @@ class SnapshotIndex:
         if not isinstance(self.metadata, SnapshotMetadata):
             raise ValueError("expected metadata to be a SnapshotMetadata")
         derived = _ANONYMOUS_SCHEMA if self.metadata.root_id is None else SCHEMA_VERSION
+        if derived == SCHEMA_VERSION and _shares(self.dir_index):
+            derived = SHARED_SCHEMA_VERSION
         if self.schema_version == 0 and not isinstance(self.schema_version, bool):
             object.__setattr__(self, "schema_version", derived)
         if self.schema_version != derived or isinstance(self.schema_version, bool):
@@ -233,6 +255,14 @@ class SnapshotIndex:
         return _Parser(blob).index(data)
 
 
+def _shares(d: DirIndex) -> bool:
+    """Whether any chunk (of a present or a removed file) is held in another store."""
+    files = d.files_present + d.files_removed
+    return any(b.store is not None for f in files for b in f.blobs) or any(
+        _shares(sub) for sub in d.sub_directories_present + d.sub_directories_removed
+    )
+
+
 def _canonical(doc: dict[str, Any]) -> bytes:
     # ensure_ascii keeps undecodable (surrogate-escaped) file names representable.
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
@@ -248,13 +278,20 @@ def _metadata_to_json(m: SnapshotMetadata) -> dict[str, Any]:
 def _file_to_json(f: FileIndex) -> dict[str, Any]:
     return {
         "fileName": f.file_name,
-        "blobs": [{"blobId": b.blob_id, "offset": b.offset} for b in f.blobs],
+        "blobs": [_blob_to_json(b) for b in f.blobs],
         "sizeInBytes": f.size_in_bytes,
         "mtime": f.mtime_ms,
         "ctime": f.ctime_ms,
         "crc": f.crc,
         "attribs": f.attribs,
     }
+
+
+def _blob_to_json(b: FileBlob) -> dict[str, Any]:
+    doc: dict[str, Any] = {"blobId": b.blob_id, "offset": b.offset}
+    if b.store is not None:
+        doc["store"] = {"operator": b.store[0], "partition": b.store[1]}
+    return doc
 
 
 def _dir_to_json(d: DirIndex) -> dict[str, Any]:
@@ -279,6 +316,30 @@ def iter_files(dir_index: DirIndex) -> Iterator[tuple[str, FileIndex]]:
             yield f"{sub.dir_name}/{path}", f
 
 
+def rebased(dir_index: DirIndex, store: tuple[str, int], own: tuple[str, int]) -> DirIndex:
+    """``dir_index`` of store ``store`` as an index of store ``own`` would name it: every
+    chunk of ``store``'s own says it is held in ``store`` (``None`` where that is ``own``)."""
+
+    def chunk(b: FileBlob) -> FileBlob:
+        held = b.store if b.store is not None else store
+        return FileBlob(blob_id=b.blob_id, offset=b.offset, store=None if held == own else held)
+
+    def file(f: FileIndex) -> FileIndex:
+        return dataclasses.replace(f, blobs=tuple(chunk(b) for b in f.blobs))
+
+    return dataclasses.replace(
+        dir_index,
+        files_present=tuple(file(f) for f in dir_index.files_present),
+        files_removed=tuple(file(f) for f in dir_index.files_removed),
+        sub_directories_present=tuple(
+            rebased(d, store, own) for d in dir_index.sub_directories_present
+        ),
+        sub_directories_removed=tuple(
+            rebased(d, store, own) for d in dir_index.sub_directories_removed
+        ),
+    )
+
+
 def iter_dirs(dir_index: DirIndex) -> Iterator[tuple[str, DirIndex]]:
     """Every present directory under ``dir_index`` (itself first, as ``""``), depth first."""
     yield "", dir_index
@@ -288,8 +349,15 @@ def iter_dirs(dir_index: DirIndex) -> Iterator[tuple[str, DirIndex]]:
 
 
 def referenced_blob_ids(index: SnapshotIndex) -> set[str]:
-    """The blob ids of every present file: what GC must keep while ``index`` is retained."""
-    return {b.blob_id for _, f in iter_files(index.dir_index) for b in f.blobs}
+    """The blob ids of every present file held in the index's own store."""
+    return {b.blob_id for _, f in iter_files(index.dir_index) for b in f.blobs if b.store is None}
+
+
+def referenced_blob_keys(index: SnapshotIndex) -> set[str]:
+    """The keys of the blobs of every present file, in whichever store holds them: what GC
+    must keep while ``index`` is retained."""
+    m = index.metadata
+    return {b.key(m.operator, m.partition) for _, f in iter_files(index.dir_index) for b in f.blobs}
 
 
 _INDEX_KEYS = frozenset(
@@ -310,6 +378,7 @@ _DIR_KEYS = frozenset(
 )
 _FILE_KEYS = frozenset({"fileName", "blobs", "sizeInBytes", "mtime", "ctime", "crc", "attribs"})
 _BLOB_KEYS = frozenset({"blobId", "offset"})
+_STORE_KEYS = frozenset({"operator", "partition"})
 
 
 class _Parser:
@@ -317,6 +386,7 @@ class _Parser:
 
     def __init__(self, blob: str) -> None:
         self._blob = blob
+        self._schema = SCHEMA_VERSION
 
     def fail(self, where: str, detail: str) -> NoReturn:
         raise CorruptStateError(f"snapshot index {self._blob!r} is invalid at {where}: {detail}")
@@ -335,15 +405,17 @@ class _Parser:
         # changed every other field.
         head = self._object(doc, "$", frozenset({"schemaVersion"}), check_extra=False)
         version = self._field(head, "schemaVersion", int, "$")
-        if version not in (_ANONYMOUS_SCHEMA, SCHEMA_VERSION):
-            newer = "written by a newer statekeeper: " if version > SCHEMA_VERSION else ""
+        known = (_ANONYMOUS_SCHEMA, SCHEMA_VERSION, SHARED_SCHEMA_VERSION)
+        if version not in known:
+            newer = "written by a newer statekeeper: " if version > known[-1] else ""
             self.fail(
                 "$.schemaVersion",
-                f"{newer}expected schemaVersion {_ANONYMOUS_SCHEMA} or {SCHEMA_VERSION}, "
-                f"found {version}",
+                f"{newer}expected schemaVersion {_ANONYMOUS_SCHEMA}, {SCHEMA_VERSION} or "
+                f"{SHARED_SCHEMA_VERSION}, found {version}",
             )
+        self._schema = version
         obj = self._object(doc, "$", _INDEX_KEYS)
-        metadata = self._metadata(obj["metadata"], version == SCHEMA_VERSION)
+        metadata = self._metadata(obj["metadata"], version >= SCHEMA_VERSION)
         dir_index = self._dir(obj["dirIndex"], "$.dirIndex", 0)
         prev = obj["prevSnapshotIndexBlobId"]
         if prev is not None and not isinstance(prev, str):
@@ -358,6 +430,7 @@ class _Parser:
                 metadata=metadata,
                 dir_index=dir_index,
                 prev_snapshot_index_blob_id=prev,
+                schema_version=version,
             ),
         )
         self._check_crc(obj)  # last, so a malformed document gets the precise complaint
@@ -427,12 +500,23 @@ class _Parser:
             self.fail(where, str(exc))
 
     def _file_blob(self, value: object, where: str) -> FileBlob:
-        obj = self._object(value, where, _BLOB_KEYS)
+        # Only schema 3 may name another store's blob (an older reader would look in its own).
+        shared = self._schema == SHARED_SCHEMA_VERSION and isinstance(value, dict)
+        keys = _BLOB_KEYS | {"store"} if shared and "store" in value else _BLOB_KEYS  # type: ignore[operator]
+        obj = self._object(value, where, keys)
+        store = None
+        if "store" in obj:
+            s = self._object(obj["store"], f"{where}.store", _STORE_KEYS)
+            store = (
+                self._field(s, "operator", str, f"{where}.store"),
+                self._field(s, "partition", int, f"{where}.store"),
+            )
         return self._build(
             where,
             lambda: FileBlob(
                 blob_id=self._field(obj, "blobId", str, where),
                 offset=self._field(obj, "offset", int, where),
+                store=store,
             ),
         )
 

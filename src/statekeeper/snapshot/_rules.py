@@ -24,6 +24,7 @@ __all__ = [
     "name_problem",
     "offsets_problem",
     "prev_index_problem",
+    "store_problem",
 ]
 
 MAX_CRC = 2**32 - 1
@@ -140,4 +141,15 @@ def prev_index_problem(prev: object, operator: str, partition: int, version: int
             "expected prevSnapshotIndexBlobId to be a snapshot index key of "
             f"{operator}/{partition} below version {version}, found {prev!r}"
         )
+    return None
+
+
+def store_problem(store: object) -> str | None:
+    """Why ``store`` is not an (operator, partition) pair naming a store, or ``None``."""
+    if not isinstance(store, tuple) or len(store) != 2:
+        return f"expected store to be an (operator, partition) pair, found {store!r}"
+    try:
+        layout.store_prefix(store[0], store[1])
+    except (TypeError, ValueError) as exc:
+        return f"expected store to name a store, found {store!r}: {exc}"
     return None

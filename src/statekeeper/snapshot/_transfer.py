@@ -32,6 +32,7 @@ from statekeeper.snapshot._index import (
     SnapshotIndex,
     SnapshotMetadata,
     check_metadata,
+    rebased,
 )
 
 if TYPE_CHECKING:
@@ -95,6 +96,7 @@ def upload_snapshot(
     previous_key: str | None = None,
     root_id: str | None = None,
     attempt: str | None = None,
+    parent: bool = False,
 ) -> tuple[SnapshotIndex, SnapshotMetrics]:
     """Upload a RocksDB checkpoint directory as the snapshot of ``version``, incrementally.
 
@@ -121,6 +123,10 @@ def upload_snapshot(
         root_id, attempt: the root and the attempt whose content ``version`` is, recorded
             in the index's metadata (schema 2) so that every reader can check them; both or
             neither (a schema-1 index, as statekeeper 0.1 wrote).
+        parent: ``previous`` is a snapshot of another store (at or below ``version``) that
+            ``checkpoint_dir`` was made from by a rescale: retained files keep naming that
+            store's blobs (schema 3, see :func:`rebased`) and the new index starts no
+            ``prevSnapshotIndexBlobId`` chain.
 
     Just before the index is written, every blob it reuses from ``previous`` is checked to
     still exist (one listing of the store's files); if garbage collection removed one
@@ -140,11 +146,20 @@ def upload_snapshot(
     started = time.monotonic()
     key = index_key or layout.snapshot_index_key(operator, partition, version)
     check_transfer_args(io_threads=io_threads, chunk_size=chunk_size)
-    _check_previous(previous, operator, partition, version)
+    start: DirIndex | None = None
+    if parent and previous is not None:
+        held = (previous.metadata.operator, previous.metadata.partition)
+        if previous.metadata.version > version:
+            raise ValueError(
+                f"a parent snapshot must be at or below version {version}, got "
+                f"{held[0]}/{held[1]} version {previous.metadata.version}"
+            )
+        start = rebased(previous.dir_index, held, (operator, partition))
+    else:
+        _check_previous(previous, operator, partition, version)
+        start = previous.dir_index if previous else None
     _refuse_existing(blobs, key, version)
-    diff = diff_dir(
-        checkpoint_dir, previous.dir_index if previous else None, trust_names=trust_names
-    )
+    diff = diff_dir(checkpoint_dir, start, trust_names=trust_names)
     uploaded = _upload_added(
         blobs, diff, lambda blob_id: layout.file_blob_key(operator, partition, blob_id),
         chunk_size=chunk_size, io_threads=io_threads,
@@ -175,7 +190,7 @@ def upload_snapshot(
                 previous_key
                 or layout.snapshot_index_key(operator, partition, previous.metadata.version)
             )
-            if previous is not None
+            if previous is not None and not parent
             else None
         ),
     )
@@ -202,14 +217,16 @@ def upload_snapshot(
 
 
 def _reused_missing(blobs: BlobStore, diff: DirDiff, operator: str, partition: int) -> bool:
-    """Whether a blob the diff reuses is no longer in the store."""
-    reused = {b.blob_id for f in diff.iter_retained() for b in f.blobs}
-    if not reused:
-        return False
-    present = {
-        m.key.rsplit("/", 1)[-1] for m in blobs.list(layout.files_prefix(operator, partition))
-    }
-    return not reused <= present
+    """Whether a blob the diff reuses is no longer in the store that holds it."""
+    reused: dict[tuple[str, int], set[str]] = {}
+    for f in diff.iter_retained():
+        for b in f.blobs:
+            reused.setdefault(b.store or (operator, partition), set()).add(b.blob_id)
+    for (owner, part), ids in reused.items():
+        present = {m.key.rsplit("/", 1)[-1] for m in blobs.list(layout.files_prefix(owner, part))}
+        if not ids <= present:
+            return True
+    return False
 
 
 def load_index(

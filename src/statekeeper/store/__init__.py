@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from statekeeper.store._backend import StateBackend
 from statekeeper.store._export import ExportInfo
-from statekeeper.store._root import DEFAULT_KEY_GROUPS, Retention, RootMetadata
+from statekeeper.store._rescale import ParentCopy, StoreRescale
+from statekeeper.store._root import DEFAULT_KEY_GROUPS, Rescale, Retention, RootMetadata
 from statekeeper.store._state_store import CommitInfo, RestoreInfo, StateStore
 from statekeeper.store._working_copy import remove_unused_copy
 
@@ -12,10 +13,13 @@ __all__ = [
     "DEFAULT_KEY_GROUPS",
     "CommitInfo",
     "ExportInfo",
+    "ParentCopy",
+    "Rescale",
     "RestoreInfo",
     "Retention",
     "RootMetadata",
     "StateBackend",
     "StateStore",
+    "StoreRescale",
     "remove_unused_copy",
 ]

@@ -20,6 +20,7 @@ from statekeeper.history import StoreHistory
 from statekeeper.snapshot import SnapshotMetrics
 from statekeeper.storage import BlobStore, open_blob_store
 from statekeeper.store._export import ExportInfo, prepare_target, publish, staging_dir, write_db
+from statekeeper.store._rescale import complete_rescale
 from statekeeper.store._restore import restore_copy
 from statekeeper.store._root import FORMAT_VERSION, Retention, RootMetadata, RootRegistry
 from statekeeper.store._snapshots import Snapshotter, remove_stale_checkpoints
@@ -138,7 +139,15 @@ class StateBackend:
         if partitions is not None:
             _check_partitions(partitions)
         meta = self._registry.register(name, partitions)
+        rescale = meta.rescales.get(name)
+        if rescale is not None and rescale.pending:  # a rescale died after its commit point
+            meta = complete_rescale(
+                self._blobs, self._registry, meta, name, io_threads=self._config.io_threads
+            )
         count = meta.operators.get(name)
+        if count is not None and partition >= count and partitions is None:
+            meta = self._registry.read() or meta  # a rescale may have changed the count
+            count = meta.operators.get(name)
         if count is not None and partition >= count:
             raise ConfigMismatchError(
                 f"partition {partition} is out of range: operator {name!r} has {count} "
@@ -258,6 +267,7 @@ class StateBackend:
             dry_run=dry_run,
             busy=self._snapshotter.uploading(),
             root_id="" if meta is None else meta.root_id,
+            shared_from=() if meta is None else sorted(meta.rescales),
         )
 
     def verify(self, deep: bool = True, progress: Progress | None = None) -> VerifyReport:
@@ -291,6 +301,7 @@ class StateBackend:
                 busy=self._snapshotter.uploading(),
                 budget_s=_BACKGROUND_GC_BUDGET_S,
                 root_id="" if meta is None else meta.root_id,
+                shared_from=() if meta is None else sorted(meta.rescales),
             )
         except StateKeeperError as exc:
             _log.warning("background gc of %s/%s failed: %s", name, partition, exc)

@@ -32,9 +32,21 @@ from statekeeper.errors import (
 )
 from statekeeper.storage import BlobStore
 
-__all__ = ["DEFAULT_KEY_GROUPS", "FORMAT_VERSION", "Retention", "RootMetadata", "RootRegistry"]
+__all__ = [
+    "DEFAULT_KEY_GROUPS",
+    "FORMAT_VERSION",
+    "RESCALED_FORMAT_VERSION",
+    "Rescale",
+    "Retention",
+    "RootMetadata",
+    "RootRegistry",
+]
 
 FORMAT_VERSION = 2
+RESCALED_FORMAT_VERSION = 3
+"""The format of a root that records a rescale (:class:`Rescale`): its stores' snapshot
+indexes may name their parents' blobs, which statekeeper before it would look for in the
+wrong store, so it refuses the root instead."""
 DEFAULT_KEY_GROUPS = 4096
 """Key groups of an operator created by format 2: the unit a later rescale moves."""
 _FORMAT_NAME = "statekeeper"
@@ -47,6 +59,53 @@ class Retention:
 
     retain_versions: int
     orphan_ttl_s: float
+
+
+@dataclass(frozen=True)
+class Rescale:
+    """The last rescale of an operator (``statekeeper repartition``), as the root records it.
+
+    The root's switch to the new partition count is the rescale's commit point; the store
+    manifests that make each new store start at ``version`` from its snapshot
+    (``attempt``) are written right after it, and while ``pending`` any opener writes the
+    ones still missing (a store is done once its newest manifest names that snapshot).
+    """
+
+    generation: int
+    """The operator's run generation the rescale took: its stores' manifests are fenced
+    with it, so no attempt of an earlier run writes them again."""
+    version: int
+    """The version every new store starts at (the cut the rescale read)."""
+    attempt: str
+    """The attempt id of that version in every new store."""
+    source: str
+    """The operator whose state was rescaled (the operator itself, or another with
+    ``--to``): the new stores' snapshots may name its blobs."""
+    from_partitions: int
+    time_ms: int
+    pending: bool = True
+    fenced: bool = True
+    """Whether the new stores' manifests are fenced with ``generation`` (so no attempt of an
+    earlier run, a zombie, commits on them): when the source was written by runs with
+    generations (the Spark layer), not by the plain store API, whose order is 0."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``rescale`` entry of the operator in the root document."""
+        return {
+            "generation": self.generation, "version": self.version, "attempt": self.attempt,
+            "source": self.source, "fromPartitions": self.from_partitions,
+            "timeMs": self.time_ms, "pending": self.pending, "fenced": self.fenced,
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Rescale:
+        """Parse the ``rescale`` entry (errors as ``KeyError``/``ValueError``/``TypeError``)."""
+        return cls(
+            _positive("generation", doc["generation"]), int(doc["version"]),
+            layout.validate_attempt(doc["attempt"]), layout.validate_operator(doc["source"]),
+            _positive("fromPartitions", doc["fromPartitions"]), int(doc["timeMs"]),
+            bool(doc["pending"]), bool(doc["fenced"]),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -69,6 +128,8 @@ class RootMetadata:
     statekeeper 0.1 have none (their keys carry no key group)."""
     retention: Retention | None = None
     """What ``statekeeper gc`` applies by default (recorded by the last run that started)."""
+    rescales: dict[str, Rescale] = field(default_factory=dict)
+    """Operator name -> its last rescale, for operators made or changed by one."""
 
     def to_json(self) -> bytes:
         """Serialize to the on-storage document."""
@@ -95,6 +156,8 @@ class RootMetadata:
         }
         if name in self.key_groups:
             entry["keyGroups"] = self.key_groups[name]
+        if name in self.rescales:
+            entry["rescale"] = self.rescales[name].to_json()
         return entry
 
     def with_operator(self, name: str, partitions: int | None) -> RootMetadata:
@@ -137,10 +200,11 @@ class RootMetadata:
                 f"root metadata {blob} is not valid: expected a statekeeper JSON document "
                 f"with formatVersion, found {exc}"
             ) from exc
-        if version > FORMAT_VERSION:
+        if version > RESCALED_FORMAT_VERSION:
             raise ConfigMismatchError(
                 f"root metadata {blob} was written by statekeeper format version {version}; "
-                f"this statekeeper reads format versions <= {FORMAT_VERSION}: upgrade statekeeper"
+                f"this statekeeper reads format versions <= {RESCALED_FORMAT_VERSION}: "
+                "upgrade statekeeper"
             )
         if version >= 2:
             check_sealed(doc, what=f"root metadata {blob}")
@@ -158,6 +222,11 @@ class RootMetadata:
                 for name, entry in doc["operators"].items()
                 if "keyGroups" in entry
             }
+            rescales = {
+                str(name): Rescale.from_json(entry["rescale"])
+                for name, entry in doc["operators"].items()
+                if "rescale" in entry
+            }
             kept = doc.get("retention")
             retention = (
                 None
@@ -169,7 +238,7 @@ class RootMetadata:
             )
             return cls(
                 version, str(doc["rootId"]), int(doc["createdTimeMs"]), operators,
-                generations, key_groups, retention,
+                generations, key_groups, retention, rescales,
             )  # fmt: skip
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptStateError(
@@ -225,8 +294,10 @@ class RootRegistry:
         """
         with self._lock:
             cached = self._cached
-            if cached is not None and _satisfied(cached, operator, partitions):
-                return cached
+            # A cached count that contradicts may be stale (a rescale since): read again.
+            with contextlib.suppress(ConfigMismatchError):
+                if cached is not None and _satisfied(cached, operator, partitions):
+                    return cached
 
         def change(current: RootMetadata) -> RootMetadata | None:
             if _satisfied(current, operator, partitions):
@@ -289,13 +360,92 @@ class RootRegistry:
             generations[operator] = generations.get(operator, 0) + 1
             bumped[:] = [generations[operator]]
             return dataclasses.replace(
-                current.with_operator(operator, None), format_version=FORMAT_VERSION,
+                current.with_operator(operator, None),
+                format_version=max(current.format_version, FORMAT_VERSION),
                 generations=generations,
                 retention=retention if retention is not None else current.retention,
             )  # fmt: skip
 
         self._update(change)
         return bumped[0]
+
+    def rescale(
+        self,
+        operator: str,
+        *,
+        partitions: int,
+        source: str,
+        source_partitions: int,
+        source_generation: int,
+        version: int,
+        attempt: str,
+    ) -> Rescale:
+        """The commit point of a rescale, by compare-and-swap: ``operator`` gets
+        ``partitions`` partitions (and, for a new operator, ``source``'s key groups), its
+        next run generation and a pending :class:`Rescale`; the root is written in format
+        :data:`RESCALED_FORMAT_VERSION`.
+
+        Raises:
+            CommitConflictError: ``source`` no longer has ``source_partitions`` partitions
+                and run generation ``source_generation`` (a query started on it, or another
+                rescale won), or ``operator`` is new and the root records it meanwhile.
+            StorageError: the root cannot be read or written.
+        """
+        done: list[Rescale] = []
+
+        def change(current: RootMetadata) -> RootMetadata | None:
+            found = (current.operators.get(source), current.generations.get(source, 0))
+            if found != (source_partitions, source_generation):
+                raise CommitConflictError(
+                    f"operator {source!r} changed while it was being rescaled: it had "
+                    f"{source_partitions} partitions and run generation {source_generation}, "
+                    f"now {found[0]} and {found[1]} (a query started on it, or another "
+                    "rescale finished first); nothing was changed, run the rescale again"
+                )
+            if operator != source and operator in current.operators:
+                raise CommitConflictError(
+                    f"operator {operator!r} was registered in the root meanwhile: rescale into "
+                    "an operator name the root does not hold"
+                )
+            generation = current.generations.get(operator, 0) + 1
+            rescale = Rescale(
+                generation,
+                version,
+                attempt,
+                source,
+                source_partitions,
+                int(time.time() * 1000),
+                fenced=source_generation > 0,
+            )
+            done[:] = [rescale]
+            return dataclasses.replace(
+                current,
+                format_version=max(current.format_version, RESCALED_FORMAT_VERSION),
+                operators={**current.operators, operator: partitions},
+                generations={**current.generations, operator: generation},
+                key_groups={**current.key_groups, operator: current.key_groups[source]},
+                rescales={**current.rescales, operator: rescale},
+            )
+
+        self._update(change)
+        return done[0]
+
+    def finish_rescale(self, operator: str, generation: int) -> RootMetadata:
+        """Record that every store of ``operator``'s rescale of run ``generation`` is
+        written (idempotent; nothing changes if a later rescale replaced it).
+
+        Raises:
+            StorageError: the root cannot be read or written.
+        """
+
+        def change(current: RootMetadata) -> RootMetadata | None:
+            rescale = current.rescales.get(operator)
+            if rescale is None or rescale.generation != generation or not rescale.pending:
+                return None
+            done = dataclasses.replace(rescale, pending=False)
+            return dataclasses.replace(current, rescales={**current.rescales, operator: done})
+
+        return self._update(change)
 
     def _update(self, change: Callable[[RootMetadata], RootMetadata | None]) -> RootMetadata:
         """Apply ``change`` by compare-and-swap (``None``: nothing to change).

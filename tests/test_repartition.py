@@ -1,0 +1,245 @@
+"""Offline repartition (statekeeper.repartition): split and merge by key-group ranges on a
+real local root, with TTL and timer index entries, the operator record and event time."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import statekeeper as sk
+from statekeeper import layout
+from statekeeper.keyed._layout import (
+    DATA,
+    GROUPED_TIMER_INDEX,
+    META_KEY,
+    TIMER,
+    U64,
+    OperatorRecord,
+    StateDecl,
+    group_prefix,
+    key_group_range,
+    state_prefix,
+    ttl_prefix,
+)
+from statekeeper.gc import collect_garbage
+from statekeeper.repartition import plan_parents, repartition
+from statekeeper.snapshot import SnapshotIndex, iter_files, referenced_blob_keys
+from statekeeper.store._root import DEFAULT_KEY_GROUPS
+
+G = DEFAULT_KEY_GROUPS
+OP = "counts"
+EVENT_TIME_KEY = b"\xff\x05maxEventTimeMs"
+RECORD = OperatorRecord(
+    keys=("user",),
+    key_schema=None,
+    states={"count": StateDecl("value", 60_000, "json"), "seen": StateDecl("value", None, "json")},
+    key_groups=G,
+)
+
+
+def config(tmp: Path, name: str) -> sk.StoreConfig:
+    return sk.StoreConfig(local_dir=str(tmp / name), io_threads=4, snapshot_every=1000)
+
+
+def keys_of(kg: int, i: int) -> dict[bytes, bytes]:
+    """The entries one grouping key of key group ``kg`` holds: a value with a TTL and its
+    index entry, a value without, a timer and its index entry."""
+    user = b"user-%d" % i
+    counted = group_prefix(kg) + state_prefix("count") + user
+    expiry = 1_000_000 + i
+    return {
+        counted: b"\x01" + U64.pack(expiry) + b"%d" % i,
+        group_prefix(kg) + state_prefix("seen") + user: b"\x00yes",
+        ttl_prefix("count", grouped=True) + U64.pack(expiry) + counted: b"",
+        group_prefix(kg) + TIMER + user + U64.pack(5_000 + i): b"",
+        GROUPED_TIMER_INDEX + U64.pack(5_000 + i) + group_prefix(kg) + user: b"",
+    }
+
+
+def group_of(key: bytes) -> int | None:
+    """The key group an entry belongs to (``None``: per store, e.g. the operator record)."""
+    if key in (META_KEY, EVENT_TIME_KEY):
+        return None
+    if key.startswith(GROUPED_TIMER_INDEX):
+        return int.from_bytes(key[10:12], "big")
+    prefix = ttl_prefix("count", grouped=True)
+    if key.startswith(prefix):
+        return int.from_bytes(key[len(prefix) + 8 : len(prefix) + 10], "big")
+    assert key[2:3] in (DATA, TIMER), key
+    return int.from_bytes(key[:2], "big")
+
+
+def build_root(tmp: Path, partitions: int, *, batches: int = 3) -> tuple[str, dict[bytes, bytes]]:
+    """A root whose operator has ``partitions`` stores, snapshotted at version 2 and one
+    changelog after it; returns the root and every entry by key (per-store ones once)."""
+    root = str(tmp / "root")
+    everything: dict[bytes, bytes] = {}
+    with sk.StateBackend(root, config=config(tmp, "writer")) as backend:
+        for p in range(partitions):
+            with backend.open(OP, p, partitions=partitions) as store:
+                for b in range(batches):
+                    for kg in key_group_range(p, partitions, G):
+                        if (kg + b) % 5 == 0:
+                            entries = keys_of(kg, kg * 10 + b)
+                            for k, v in entries.items():
+                                store.put(k, v)
+                            everything.update(entries)
+                    store.put(META_KEY, RECORD.to_bytes())
+                    store.put(EVENT_TIME_KEY, U64.pack(123) + U64.pack(100))
+                    store.commit()
+                    if b == 1:
+                        backend.snapshot(OP, p)
+    return root, everything
+
+
+def state_of(root: str, tmp: Path, name: str, operator: str = OP) -> dict[int, dict[bytes, bytes]]:
+    with sk.StateBackend(root, config=config(tmp, name)) as backend:
+        count = backend.operators()[operator]
+        assert count is not None
+        out = {}
+        for q in range(count):
+            with backend.open(operator, q) as store:
+                out[q] = dict(store.scan())
+        return out
+
+
+def check_layout(state: dict[int, dict[bytes, bytes]], everything: dict[bytes, bytes]) -> None:
+    """Each store holds exactly the entries of its key groups, plus the per-store ones."""
+    count = len(state)
+    union: dict[bytes, bytes] = {}
+    for q, items in state.items():
+        owned = key_group_range(q, count, G)
+        assert items.pop(META_KEY) == RECORD.to_bytes()
+        assert items.pop(EVENT_TIME_KEY) == U64.pack(123) + U64.pack(100)
+        strays = [k for k in items if group_of(k) not in owned]
+        assert not strays, f"store {q} of {count} holds keys of other key groups: {strays[:3]}"
+        union.update(items)
+    assert union == everything
+
+
+def test_plan_parents_puts_the_largest_overlap_first() -> None:
+    assert plan_parents(1, 8, 4, G) == [(0, range(512, 1024))]
+    plan = plan_parents(1, 7, 4, G)
+    assert [p for p, _ in plan] == [0, 1]
+    assert [r for _, r in plan] == [range(586, 1024), range(1024, 1171)]
+    assert sorted(p for p, _ in plan_parents(0, 1, 4, G)) == [0, 1, 2, 3]
+
+
+def test_split_then_merge_keeps_every_entry_in_its_key_group(tmp_path: Path) -> None:
+    root, everything = build_root(tmp_path, 4)
+    report = repartition(root, OP, partitions=7, config=config(tmp_path, "r1"))
+    assert (report.from_partitions, report.partitions, report.version) == (4, 7, 3)
+    with sk.StateBackend(root) as backend:
+        assert backend.operators()[OP] == 7
+        meta = backend.root_metadata()
+        assert meta is not None
+        assert meta.format_version == 3
+        assert not meta.rescales[OP].pending
+    check_layout(state_of(root, tmp_path, "read7"), everything)
+
+    # The new stores take commits on top of the cut's version, then merge into 3.
+    with sk.StateBackend(root, config=config(tmp_path, "writer7")) as backend:
+        for q in range(7):
+            with backend.open(OP, q, partitions=7) as store:
+                assert store.version == 3
+                kg = key_group_range(q, 7, G)[0]
+                entries = keys_of(kg, 99_000 + q)
+                for k, v in entries.items():
+                    store.put(k, v)
+                everything.update(entries)
+                assert store.commit().version == 4
+    report = repartition(root, OP, partitions=3, config=config(tmp_path, "r2"))
+    assert (report.from_partitions, report.version) == (7, 4)
+    assert report.keys_ingested > 0  # a merge writes the ranges of its other parents
+    check_layout(state_of(root, tmp_path, "read3"), everything)
+
+
+def test_split_along_old_boundaries_reuses_the_parents_blobs(tmp_path: Path) -> None:
+    root, everything = build_root(tmp_path, 2, batches=6)
+    report = repartition(root, OP, partitions=4, config=config(tmp_path, "r"))
+    assert report.keys_ingested == 0
+    assert report.bytes_reused > 0
+    check_layout(state_of(root, tmp_path, "read"), everything)
+    # Store 1's snapshot names store 0's SST blobs in place: no copy was uploaded.
+    with sk.StateBackend(root) as backend:
+        key = layout.attempt_snapshot_key(OP, 1, report.version, report.attempt)
+        index = SnapshotIndex.from_json(backend.blobs.get(key), blob=key)
+    assert index.schema_version == 3
+    shared = [b.store for _, f in iter_files(index.dir_index) for b in f.blobs if b.store]
+    assert shared
+    assert set(shared) == {(OP, 0)}
+
+
+def test_repartition_into_a_new_operator_leaves_the_source_alone(tmp_path: Path) -> None:
+    root, everything = build_root(tmp_path, 4)
+    before = state_of(root, tmp_path, "before")
+    repartition(root, OP, partitions=2, to="counts2", config=config(tmp_path, "r"))
+    with sk.StateBackend(root) as backend:
+        assert backend.operators() == {OP: 4, "counts2": 2}
+    assert state_of(root, tmp_path, "after") == before
+    check_layout(state_of(root, tmp_path, "new", "counts2"), everything)
+
+
+def test_bad_requests_are_refused_naming_what_was_found(tmp_path: Path) -> None:
+    root, _ = build_root(tmp_path, 2, batches=1)
+    cfg = config(tmp_path, "r")
+    with pytest.raises(sk.ConfigMismatchError, match="already has 2 partitions"):
+        repartition(root, OP, partitions=2, config=cfg)
+    with pytest.raises(sk.ConfigMismatchError, match=r"'nope' is not in the root \(it holds"):
+        repartition(root, "nope", partitions=2, config=cfg)
+    with pytest.raises(sk.ConfigMismatchError, match="at most 4096 partitions; 5000"):
+        repartition(root, OP, partitions=5000, config=cfg)
+    with pytest.raises(ValueError, match="partitions must be an int >= 1, got 0"):
+        repartition(root, OP, partitions=0, config=cfg)
+    with pytest.raises(sk.ConfigMismatchError, match="'counts' exists in the root"):
+        repartition(root, OP, partitions=3, to=OP, config=cfg)
+
+
+def test_a_partition_ahead_of_the_cut_is_read_at_the_cut(tmp_path: Path) -> None:
+    """Without an epoch manifest the cut is the newest version every partition has: a
+    commit one partition made beyond it (a batch that failed elsewhere) is not moved."""
+    root, everything = build_root(tmp_path, 2, batches=1)
+    ahead = group_prefix(3000) + state_prefix("seen") + b"ahead"
+    with (
+        sk.StateBackend(root, config=config(tmp_path, "w")) as backend,
+        backend.open(OP, 1) as store,
+    ):
+        store.put(ahead, b"\x00y")
+        assert store.commit().version == 2
+    report = repartition(root, OP, partitions=3, config=config(tmp_path, "r"))
+    assert report.version == 1
+    state = state_of(root, tmp_path, "read")
+    assert all(ahead not in items for items in state.values())
+    check_layout(state, everything)
+
+
+def test_gc_keeps_parent_blobs_that_new_stores_name(tmp_path: Path) -> None:
+    """After a split, store path 1 holds store 1 of the new layout (made from old store 0),
+    and old store 1's SST blobs are named only by new stores 2 and 3. Once old store 1's
+    retired snapshot is past ``orphan_ttl_s``, only the cross-store references keep them."""
+    root, everything = build_root(tmp_path, 2, batches=6)
+    cfg = config(tmp_path, "gc")
+    report = repartition(root, OP, partitions=4, config=cfg)
+    with sk.StateBackend(root) as backend:
+        blobs, meta = backend.blobs, backend.root_metadata()
+        assert meta is not None
+        assert sorted(meta.rescales) == [OP]
+        named = set()
+        for q in (2, 3):
+            key = layout.attempt_snapshot_key(OP, q, report.version, report.attempt)
+            index = SnapshotIndex.from_json(blobs.get(key), blob=key)
+            named |= referenced_blob_keys(index)
+        parents = {k for k in named if k.startswith(layout.files_prefix(OP, 1))}
+        assert parents
+        later = time.time() + 10 * cfg.orphan_ttl_s
+        # Without the references of other stores, store 1 would lose its parent blobs.
+        blind = collect_garbage(blobs, cfg, [OP], dry_run=True, now=later, root_id=meta.root_id)
+        assert parents <= set(blind.deleted_keys)
+        run = collect_garbage(
+            blobs, cfg, [OP], now=later, root_id=meta.root_id, shared_from=sorted(meta.rescales)
+        )
+        assert not parents & set(run.deleted_keys)
+        assert run.deleted_keys  # old store 1's own files went: it was collected
+    check_layout(state_of(root, tmp_path, "after-gc"), everything)
