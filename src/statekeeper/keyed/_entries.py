@@ -32,6 +32,7 @@ from statekeeper.keyed._layout import (
     unwrap,
     validate_state_name,
 )
+from statekeeper.keyed._schema import decode_recorded
 from statekeeper.keyed._tuples import decode_element, decode_key
 from statekeeper.keyed._values import codec_by_name
 from statekeeper.store import StateStore
@@ -146,7 +147,7 @@ class StateDecoder:
         elif decl.kind == "map":
             entry = decode_element(rest)[0]
         expiry, payload = unwrap(raw)
-        value = self._value(payload, decl.codec)
+        value = self._value(payload, decl.codec, state)
         return StateEntry(grouping, state, decl.kind, entry, value, expiry, group)
 
     def _list_position(self, list_key: bytes) -> int:
@@ -156,10 +157,16 @@ class StateDecoder:
         self._position += 1
         return position
 
-    def _value(self, payload: bytes, codec_name: str) -> Any:
+    def _value(self, payload: bytes, codec_name: str, state: str | None = None) -> Any:
+        """``payload`` decoded with codec ``codec_name`` (an :class:`Undecoded` for a pickled
+        value when pickles are not allowed, and for a custom codec's); a value of ``state``
+        declared with a schema as a dict of the fields of the version it was written in."""
         codec = codec_by_name(codec_name, allow_pickle=self._allow_pickle)
         if codec is None:
             return Undecoded(codec_name, len(payload))
+        decl = None if state is None else self._record.states.get(state)
+        if decl is not None and decl.schemas:
+            return decode_recorded(payload, codec, decl.schemas)
         return codec.decode(payload)
 
 

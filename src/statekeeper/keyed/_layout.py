@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statekeeper.errors import ConfigMismatchError, CorruptStateError
-from statekeeper.keyed._schema import RecordedSchema
+from statekeeper.keyed._shapes import RecordedSchema
 from statekeeper.keyed._tuples import encode_element
 
 __all__ = [
