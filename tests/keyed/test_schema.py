@@ -12,8 +12,10 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from click.testing import CliRunner
 
 from statekeeper import ConfigMismatchError, StateBackend, StateStore, StoreConfig
+from statekeeper.cli import cli
 from statekeeper.keyed import (
     DefaultCodec,
     PickleCodec,
@@ -409,7 +411,9 @@ def test_bad_declarations_and_values_are_refused(backend: StateBackend) -> None:
 
     with backend.open("op", 0) as store:
         h = _handle(store)
-        with pytest.raises(TypeError, match="must be a dataclass or a pyspark StructType"):
+        with pytest.raises(
+            TypeError, match="must be a dataclass, a pyspark StructType or a pyarrow Schema"
+        ):
             h.value_state("a", schema=dict)
         with pytest.raises(TypeError, match=r"field 'inner' of Nested: .* has no schema type"):
             h.value_state("b", schema=Nested)
@@ -456,3 +460,71 @@ def test_the_format_doc_states_the_stored_form() -> None:
     stored = json.loads(record.to_bytes())
     assert stored["states"]["profile"] == decl
     assert f"`formatVersion` is {stored['formatVersion']} once any state has a schema" in section
+
+
+def test_a_pyarrow_schema_records_what_the_same_dataclass_records(backend: StateBackend) -> None:
+    _batch(backend, v1, {"a": ProfileV1("Ann", 3)})
+    same = pa.schema(
+        [pa.field("name", pa.string(), nullable=False), pa.field("visits", pa.int64(), False)]
+    )
+    assert _read(backend, lambda h: h.value_state("p", schema=same), ["a"]) == {
+        "a": {"name": "Ann", "visits": 3}
+    }
+    widened = pa.schema(
+        [
+            pa.field("visits", pa.float64(), nullable=False),
+            pa.field("name", pa.string(), nullable=False),
+            pa.field("seen", pa.list_(pa.timestamp("us", tz="UTC"))),
+        ]
+    )
+
+    def v2(handle: StatefulProcessorHandle) -> Any:
+        return handle.value_state("p", schema=widened, version=2)
+
+    assert _read(backend, v2, ["a"]) == {"a": {"visits": 3.0, "name": "Ann", "seen": None}}
+    _batch(backend, v2, {"b": {"visits": 1.5, "name": "Bob"}})
+    fields = _record(backend)["states"]["p"]["schemas"][1]["fields"]
+    assert fields[2] == {"name": "seen", "type": "array<timestamp>", "nullable": True}
+    retyped = pa.schema([pa.field("visits", pa.string())])
+    with backend.open("op", 0) as store, pytest.raises(ConfigMismatchError) as caught:
+        _handle(store).value_state("p", schema=retyped, version=3)
+    assert "field 'visits' changes type from bigint to string" in str(caught.value)
+
+
+def test_a_schema_state_with_a_ttl(backend: StateBackend) -> None:
+    with backend.open("op", 0) as store:
+        handle = _handle(store)
+        state = handle.value_state("p", schema=ProfileV1, ttl=10)
+        handle.set_key(("a",))
+        state.update(ProfileV1("Ann", 3))
+        assert state.get() == ProfileV1("Ann", 3)
+        store.commit()
+    with backend.open("op", 0) as store:
+        late = StatefulProcessorHandle(store, now_ms=10_000, batch_id=1, partition=0)
+        state = late.value_state("p", schema=ProfileV1, ttl=10)
+        late.set_key(("a",))
+        assert state.get() is None
+        assert late.expire() == 1
+
+
+def test_inspect_shows_each_value_in_the_version_it_was_written_in(
+    backend: StateBackend, tmp_path: Path
+) -> None:
+    _batch(backend, v1, {"a": ProfileV1("Ann", 3)})
+    _batch(
+        backend,
+        lambda h: h.value_state("p", schema=ProfileAdded, version=2),
+        {"b": {"name": "B", "visits": 1}},
+    )
+    args = ["inspect", str(tmp_path / "root"), "op", "-p", "0", "--json", "--limit", "0"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    values = {
+        tuple(i["state"]["key"]): i["value"]
+        for i in json.loads(result.stdout)["items"]
+        if i["value_format"] == "decoded"
+    }
+    assert values == {
+        ("a",): {"name": "Ann", "visits": 3},
+        ("b",): {"name": "B", "visits": 1.0, "tags": [], "email": None},
+    }

@@ -222,17 +222,18 @@ class StatefulProcessorHandle:
     ) -> ValueState:
         """Declare a single value per grouping key.
 
-        **Schemas.** With ``schema=`` (a dataclass, or a pyspark ``StructType`` whose values
-        are dicts) values are records of its fields: :meth:`ValueState.update` takes the
-        dataclass (or a dict of its fields; fields with defaults may be left out), ``get``
-        returns the declared type. Each value is stored with its schema ``version`` (an int
-        from 1; one byte per value), and the store's operator record keeps the fields of
-        every version, so ``read_state`` and ``statekeeper inspect`` decode values without
-        the processor (each as a dict of the fields of the version it was written in). To
-        change a schema, declare it with a higher ``version``. A value of an older version
-        is converted **when it is read**, and stored in the new version only when its key
-        is next written (the store is never rewritten; keys not written stay in their old
-        version, which a later processor must still read):
+        **Schemas.** With ``schema=`` (a dataclass, or a pyspark ``StructType`` or pyarrow
+        ``Schema``, whose values are dicts) values are records of its fields:
+        :meth:`ValueState.update` takes the dataclass (or a dict of its fields; fields with
+        defaults may be left out), ``get`` returns the declared type. Each value is stored
+        with its schema ``version`` (an int from 1; one byte per value), and the store's
+        operator record keeps the fields of every version, so ``read_state`` and
+        ``statekeeper inspect`` decode values without the processor (each as a dict of the
+        fields of the version it was written in). To change a schema, declare it with a
+        higher ``version``. A value of an older version is converted **when it is read**,
+        and stored in the new version only when its key is next written (the store is never
+        rewritten; keys not written stay in their old version, which a later processor must
+        still read):
 
         * with ``migrate=``, by ``migrate(old, from_version)``: ``old`` is a dict of the
           fields of the version the value was written in, and it returns the new value (the
@@ -241,12 +242,12 @@ class StatefulProcessorHandle:
           values before it had a schema gets them with ``from_version=0``, as the codec
           decoded them.
         * without, by name, which allows only these changes: adding a field that has a
-          default (or is ``Optional``, or nullable in a ``StructType``: it reads as
-          ``None``); dropping a field (its stored values are ignored); reordering fields;
-          widening a field from an integer type to a wider one or to a double (``int`` to
-          ``float`` in a dataclass: converted on read), or from float to double; making a
-          field nullable. A renamed field, without ``migrate``, is a dropped field plus an
-          added one.
+          default (or is ``Optional``, or nullable in a ``StructType`` or pyarrow schema:
+          it reads as ``None``); dropping a field (its stored values are ignored);
+          reordering fields; widening a field from an integer type to a wider one or to a
+          double (``int`` to ``float`` in a dataclass: converted on read), or from float to
+          double; making a field nullable. A renamed field, without ``migrate``, is a
+          dropped field plus an added one.
 
         Anything else raises :class:`~statekeeper.errors.ConfigMismatchError` naming the
         state, the stored schema and the declared one, here in ``init``, before any value is
@@ -268,8 +269,8 @@ class StatefulProcessorHandle:
                 (with a schema: the default codec or the :class:`PickleCodec`).
             ttl_on: the clock ``ttl`` runs on: ``"processing_time"`` (micro-batch
                 timestamps) or ``"event_time"`` (the watermark; see the module docstring).
-            schema: a dataclass or a ``StructType`` the values follow; ``None``: any value
-                the codec stores.
+            schema: a dataclass, ``StructType`` or ``pyarrow.Schema`` the values follow;
+                ``None``: any value the codec stores.
             version: the schema's version (1 if ``None``); needs ``schema``.
             migrate: ``migrate(old_value_as_dict, from_version) -> new value``; needs
                 ``schema``.

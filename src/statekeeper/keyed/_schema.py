@@ -1,7 +1,8 @@
 """Declared schemas of state values: recorded per version, checked when declared, migrated
 on read, written in the new version lazily.
 
-A state declared with ``schema=`` (a dataclass or a Spark ``StructType``) and ``version=``
+A state declared with ``schema=`` (a dataclass, a Spark ``StructType`` or a pyarrow
+``Schema``) and ``version=``
 stores each value (after the TTL bytes of ``_layout``) as::
 
     0x02 <schema version: varint> <the codec's bytes of the list of field values>

@@ -1,9 +1,12 @@
 """What a declared state schema is made of: its recorded fields, and how declared values
-(dataclass instances, or dicts for a ``StructType``) become field lists and back.
+(dataclass instances, or dicts for a ``StructType`` or a pyarrow ``Schema``) become field
+lists and back.
 
 Field types are recorded as Spark's simple type names (``bigint``, ``double``, ``string``,
-``array<string>``, ...), whichever way the schema was declared, so a dataclass and a
-``StructType`` with the same fields record the same schema; ``_schema`` compares them.
+``array<string>``, ...), whichever way the schema was declared, so a dataclass, a
+``StructType`` and a pyarrow schema with the same fields record the same schema; ``_schema``
+compares them. pyspark and pyarrow are never imported here: their schemas are read through
+their public attributes (``jsonValue()``; ``name``, ``type``, ``nullable`` of each field).
 """
 
 from __future__ import annotations
@@ -32,6 +35,20 @@ _PY_TYPES: dict[Any, str] = {
     Decimal: "decimal",
 }
 _SPARK_TYPES = {"long": "bigint", "integer": "int", "short": "smallint", "byte": "tinyint"}
+_ARROW_TYPES = {
+    "int8": "tinyint",
+    "int16": "smallint",
+    "int32": "int",
+    "int64": "bigint",
+    "float": "float",
+    "double": "double",
+    "bool": "boolean",
+    "string": "string",
+    "large_string": "string",
+    "binary": "binary",
+    "large_binary": "binary",
+    "date32[day]": "date",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +197,8 @@ def shape_of(state: str, schema: Any) -> Shape:
     """The shape of a declared ``schema``.
 
     Raises:
-        TypeError: not a dataclass or a ``StructType``, or a field type without a schema type.
+        TypeError: not a dataclass, a ``StructType`` or a pyarrow ``Schema``, or a field type
+            without a schema type.
     """
     if isinstance(schema, type) and dataclasses.is_dataclass(schema):
         return _dataclass_shape(state, schema)
@@ -191,11 +209,18 @@ def shape_of(state: str, schema: Any) -> Shape:
             SchemaField(f["name"], _spark_type(f["type"]), bool(f["nullable"]))
             for f in doc["fields"]
         )
-        defaults = {f.name: _none for f in fields if f.nullable}
-        return Shape(state, _unique(state, fields), None, defaults)
-    raise TypeError(
-        f"state {state!r}: schema must be a dataclass or a pyspark StructType, got {schema!r}"
-    )
+    elif type(schema).__module__.startswith("pyarrow") and hasattr(schema, "names"):
+        fields = tuple(
+            SchemaField(f.name, _field_type(state, f.name, f.type), bool(f.nullable))
+            for f in schema
+        )
+    else:
+        raise TypeError(
+            f"state {state!r}: schema must be a dataclass, a pyspark StructType or a "
+            f"pyarrow Schema, got {schema!r}"
+        )
+    defaults = {f.name: _none for f in fields if f.nullable}
+    return Shape(state, _unique(state, fields), None, defaults)
 
 
 def _none() -> None:
@@ -272,6 +297,36 @@ def _spark_type(doc: Any) -> str:
         inner = ",".join(f"{f['name']}:{_spark_type(f['type'])}" for f in doc["fields"])
         return f"struct<{inner}>"
     raise TypeError(f"a Spark type {doc!r} has no schema type")
+
+
+def _field_type(state: str, name: str, arrow_type: Any) -> str:
+    try:
+        return _arrow_type(arrow_type)
+    except TypeError as exc:
+        raise TypeError(f"state {state!r}: field {name!r}: {exc}") from None
+
+
+def _arrow_type(arrow_type: Any) -> str:
+    """Spark's simple type name of a pyarrow data type (as Spark maps Arrow types).
+
+    Raises:
+        TypeError: a type without one.
+    """
+    text = str(arrow_type)
+    if text in _ARROW_TYPES:
+        return _ARROW_TYPES[text]
+    if text.startswith("timestamp["):
+        return "timestamp" if "tz=" in text else "timestamp_ntz"
+    if text.startswith("decimal"):
+        return f"decimal({arrow_type.precision},{arrow_type.scale})"
+    if text.startswith("map<"):
+        return f"map<{_arrow_type(arrow_type.key_type)},{_arrow_type(arrow_type.item_type)}>"
+    if text.startswith(("list<", "large_list<", "fixed_size_list<")):
+        return f"array<{_arrow_type(arrow_type.value_type)}>"
+    if text.startswith("struct<"):
+        inner = (arrow_type.field(i) for i in range(arrow_type.num_fields))
+        return "struct<" + ",".join(f"{f.name}:{_arrow_type(f.type)}" for f in inner) + ">"
+    raise TypeError(f"the pyarrow type {text} has no schema type")
 
 
 def _unique(state: str, fields: tuple[SchemaField, ...]) -> tuple[SchemaField, ...]:
