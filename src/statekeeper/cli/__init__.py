@@ -9,6 +9,7 @@ Thin commands over the library (ARCHITECTURE §3)::
     statekeeper verify ROOT [--deep]
     statekeeper restore ROOT OPERATOR --partition N [--version V] --to DIR
     statekeeper gc ROOT [--dry-run] [--retain-versions N] [--orphan-ttl SECONDS] [--list]
+    statekeeper repartition ROOT OPERATOR --partitions N [--to NEW_OPERATOR]
     statekeeper demo [--keys N] [--batches N] [--root URI] [--local-dir DIR] [--fresh]
 
 Every command takes ``--storage-option KEY=VALUE`` (repeatable), ``--json`` and
@@ -19,13 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from statekeeper.cli import _data, _demo, _info, _maintain, _stats
+from statekeeper.cli import _data, _demo, _info, _maintain, _repartition, _stats
 from statekeeper.cli._app import cli
 
 __all__ = ["cli", "main"]
 
 # The command modules register themselves on ``cli`` when imported.
-_COMMANDS = (_data, _demo, _info, _maintain, _stats)
+_COMMANDS = (_data, _demo, _info, _maintain, _repartition, _stats)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

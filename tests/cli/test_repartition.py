@@ -1,0 +1,131 @@
+"""``statekeeper repartition``: the command, its errors, and SIGKILL at random points."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import statekeeper as sk
+from statekeeper import layout
+from tests.cli.conftest import one_error_line, run
+from tests.test_repartition import OP, build_root, check_layout, config, state_of
+
+REPO = Path(__file__).resolve().parents[2]
+SEEDS = range(8)
+
+# A child that runs the library with a blob store SIGKILLing the process at its n-th put.
+_PUT_CHILD = """
+import sys
+from statekeeper.repartition import repartition
+from statekeeper.storage import open_blob_store
+from tests.blobstores import FaultyBlobStore
+from tests.test_repartition import config
+from pathlib import Path
+root, work, n, partitions = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+blobs = FaultyBlobStore(open_blob_store(root), fail_at=n, kind="kill", op="put")
+repartition(blobs, "counts", partitions=partitions, config=config(work, "child"))
+"""
+
+
+def test_repartition_prints_the_report_as_json_and_for_people(tmp_path: Path) -> None:
+    root, everything = build_root(tmp_path, 4)
+    result = run("repartition", root, OP, "--partitions", "7", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["root"].endswith("root")
+    assert (doc["operator"], doc["source"]) == (OP, OP)
+    assert (doc["from_partitions"], doc["partitions"], doc["version"]) == (4, 7, 3)
+    assert 0 < doc["bytes_uploaded"] < doc["state_bytes"]
+    check_layout(state_of(root, tmp_path, "read"), everything)
+
+    result = run("repartition", root, OP, "--partitions", "2", "--to", "merged")
+    assert result.exit_code == 0, result.output
+    assert f"repartitioned {OP} (7 partitions) -> merged (2 partitions) at version 3" in (
+        result.stdout
+    )
+    assert "restart the query with partitions=2 and name='merged'" in result.stdout
+    check_layout(state_of(root, tmp_path, "merged", "merged"), everything)
+
+
+def test_bad_requests_fail_with_one_line(tmp_path: Path) -> None:
+    root, _ = build_root(tmp_path, 2, batches=1)
+    result = run("repartition", root, "nope", "--partitions", "3")
+    assert result.exit_code != 0
+    assert "operator 'nope' is not in the root" in one_error_line(result)
+    result = run("repartition", root, OP, "--partitions", "2")
+    assert "already has 2 partitions" in one_error_line(result)
+    result = run("repartition", root, OP, "--partitions", "0")
+    assert result.exit_code == 2
+    assert "--partitions" in result.stderr
+
+
+def _metadata(root: str) -> bytes:
+    return (Path(root) / layout.ROOT_METADATA).read_bytes()
+
+
+def _kill_cli(root: str, rng: random.Random, duration: float) -> bool:
+    """Run ``statekeeper repartition`` and SIGKILL it after a seeded delay; True if killed."""
+    command = [sys.executable, "-m", "statekeeper", "repartition", root, OP,
+               "--partitions", "7", "--json"]  # fmt: skip
+    child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        child.wait(timeout=rng.uniform(0.1, duration))
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGKILL)
+    _, err = child.communicate(timeout=300)
+    assert child.returncode in (0, -signal.SIGKILL), err.decode()[-2000:]
+    return child.returncode == -signal.SIGKILL
+
+
+def _kill_at_put(root: str, work: Path, rng: random.Random) -> bool:
+    """Run the library in a child that SIGKILLs itself at a seeded blob write."""
+    command = [sys.executable, "-c", _PUT_CHILD, root, str(work), str(rng.randint(1, 80)), "7"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, timeout=300, check=False)
+    assert done.returncode in (0, -signal.SIGKILL), done.stderr.decode()[-2000:]
+    return done.returncode == -signal.SIGKILL
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_leaves_the_root_as_it_was_or_done(tmp_path: Path) -> None:
+    """Killed before its commit point, a repartition leaves the root byte for byte as it
+    was and every store with the same state; killed after it, the next opener finishes it.
+    Either way the state is exactly what it was, and a new run completes."""
+    pristine, everything = build_root(tmp_path, 4)
+    before = _metadata(pristine)
+    probe = _copy(pristine, tmp_path / "probe")
+    started = time.monotonic()
+    assert run("repartition", probe, OP, "--partitions", "7").exit_code == 0
+    duration = time.monotonic() - started + 1.5  # and the child's start-up
+    outcomes = []
+    for seed in SEEDS:
+        rng = random.Random(seed)
+        root = _copy(pristine, tmp_path / f"root{seed}")
+        if seed % 2:
+            killed = _kill_at_put(root, tmp_path / f"work{seed}", rng)
+        else:
+            killed = _kill_cli(root, rng, duration)
+        with sk.StateBackend(root, config=config(tmp_path, f"check{seed}")) as backend:
+            count = backend.operators()[OP]
+        outcomes.append((killed, count))
+        if count == 4:
+            assert _metadata(root) == before, f"seed {seed}: the root metadata changed"
+        check_layout(state_of(root, tmp_path, f"state{seed}"), everything)
+        if count == 4:  # a new run completes over what the killed one left
+            assert run("repartition", root, OP, "--partitions", "7").exit_code == 0
+            check_layout(state_of(root, tmp_path, f"rerun{seed}"), everything)
+        result = run("verify", root, "--json")
+        assert json.loads(result.stdout)["ok"], result.stdout
+    assert any(killed and count == 4 for killed, count in outcomes), outcomes
+
+
+def _copy(root: str, to: Path) -> str:
+    shutil.copytree(root, to)
+    return str(to)
