@@ -32,7 +32,7 @@ from statekeeper.manifest import (
 from statekeeper.snapshot import iter_files, load_index
 from statekeeper.storage import BlobMeta, BlobStore
 
-__all__ = ["RestorePlan", "RootListing", "StoreHistory", "ranges"]
+__all__ = ["ChangeStretch", "RestorePlan", "RootListing", "StoreHistory", "ranges"]
 
 
 @dataclass
@@ -134,6 +134,18 @@ class RestorePlan:
     ``base`` into the working copy, reusing identical files) or ``"empty"`` (a new copy)."""
     replay: tuple[int, ...]
     """Changelog versions to apply, in order."""
+
+
+@dataclass(frozen=True)
+class ChangeStretch:
+    """Versions ``start + 1 .. end`` of a store, as a change feed reads them."""
+
+    start: int
+    end: int
+    from_changelogs: bool
+    """True: the changelog of each version, in order. False: those versions have no
+    changelog (collected by GC, or committed as snapshots in ``mode="snapshot"``), so only
+    the net difference between the restored versions ``start`` and ``end`` is known."""
 
 
 @dataclass(frozen=True)
@@ -361,6 +373,35 @@ class StoreHistory:
             f"restorable versions are {ranges(set(self.restorable_versions())) or 'none'}"
             + self._what_is_missing(version)
         )
+
+    def change_stretches(self, from_version: int, to_version: int) -> tuple[ChangeStretch, ...]:
+        """How to read the changes that turn ``from_version`` into ``to_version`` (versions
+        ``from_version + 1 .. to_version``): runs of versions whose changelogs this history
+        names (the attempts the manifest records, so along the store's lineage), and, in
+        between, runs without changelogs, bridged by the difference of two restored versions.
+
+        Raises:
+            ValueError: ``from_version`` is after ``to_version``.
+            StateNotFoundError: ``from_version``, ``to_version`` or a version that ends a run
+                without changelogs is not restorable (GC collected it, or it was never
+                committed); the message names the restorable versions.
+        """
+        if from_version > to_version:
+            raise ValueError(
+                f"expected from_version <= to_version, got {from_version} > {to_version}"
+            )
+        self.plan(from_version, None)
+        self.plan(to_version, None)
+        stretches: list[ChangeStretch] = []
+        v = from_version
+        while v < to_version:
+            start, logged = v, v + 1 in self.changelogs
+            while v < to_version and (v + 1 in self.changelogs) == logged:
+                v += 1
+            if not logged:
+                self.plan(v, None)
+            stretches.append(ChangeStretch(start, v, logged))
+        return tuple(stretches)
 
     def _what_is_missing(self, version: int) -> str:
         """For an error: what a restore of the committed ``version`` lacks (the first

@@ -22,7 +22,9 @@ processor-facing names.
 
 from __future__ import annotations
 
+from statekeeper.keyed._changes import TIMER_STATE, ChangeDecoder, StateChange
 from statekeeper.keyed._entries import (
+    DataKey,
     StateDecoder,
     StateEntry,
     Undecoded,
@@ -56,14 +58,18 @@ from statekeeper.keyed._values import Codec, DefaultCodec, PickleCodec
 
 __all__ = [
     "MAX_KEY_GROUPS",
+    "TIMER_STATE",
     "TIME_MODES",
+    "ChangeDecoder",
     "Codec",
+    "DataKey",
     "DefaultCodec",
     "ExpiredTimerInfo",
     "ListState",
     "MapState",
     "OperatorRecord",
     "PickleCodec",
+    "StateChange",
     "StateDecl",
     "StateDecoder",
     "StateEntry",

@@ -27,6 +27,7 @@ from statekeeper.keyed._layout import (
     KEY_GROUP,
     LIST_ITEM,
     META_KEY,
+    U64,
     OperatorRecord,
     state_prefix,
     unwrap,
@@ -38,6 +39,7 @@ from statekeeper.keyed._values import codec_by_name
 from statekeeper.store import StateStore
 
 __all__ = [
+    "DataKey",
     "StateDecoder",
     "StateEntry",
     "Undecoded",
@@ -85,6 +87,31 @@ class StateEntry:
     key_group: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class DataKey:
+    """What one data key of a keyed store holds (:meth:`StateDecoder.locate`).
+
+    Attributes:
+        key: the grouping key.
+        state: the state's name.
+        kind: ``"value"``, ``"map"`` or ``"list"``.
+        entry: the map key; for a list element its sequence number (the list's append
+            counter when it was appended: increasing in append order, restarting at 0 once
+            the list was emptied); ``None`` for a value state.
+        codec: the name of the state's codec.
+        key_group: as :attr:`StateEntry.key_group`.
+        list_key_length: how many bytes of the key name the list (or value, or map).
+    """
+
+    key: tuple[Any, ...]
+    state: str
+    kind: str
+    entry: Any
+    codec: str
+    key_group: int | None
+    list_key_length: int
+
+
 def read_operator_record(store: StateStore) -> OperatorRecord | None:
     """The operator record of ``store``, or ``None`` if no keyed processor wrote it.
 
@@ -119,6 +146,23 @@ class StateDecoder:
             CorruptStateError: the key or value does not follow the layout, or names a
                 state the record does not know.
         """
+        found = self.locate(key)
+        if found is None:
+            return None
+        entry = found.entry
+        if found.kind == "list":
+            entry = self._list_position(key[: found.list_key_length])
+        expiry, payload = unwrap(raw)
+        value = self.value_of(payload, found.codec, found.state)
+        return StateEntry(found.key, found.state, found.kind, entry, value, expiry, found.key_group)
+
+    def locate(self, key: bytes) -> DataKey | None:
+        """What the data key ``key`` holds (its state, grouping key and entry), without its
+        value; ``None`` for bookkeeping items (as :meth:`decode`).
+
+        Raises:
+            CorruptStateError: as :meth:`decode`.
+        """
         group: int | None = None
         start = len(DATA)
         if self._grouped:
@@ -141,14 +185,12 @@ class StateDecoder:
         rest = key[pos + used :]
         entry: Any = None
         if decl.kind == "list":
-            if not rest.startswith(LIST_ITEM):
+            if not rest.startswith(LIST_ITEM) or len(rest) != len(LIST_ITEM) + U64.size:
                 return None  # the list's counter
-            entry = self._list_position(key[: pos + used])
+            entry = U64.unpack_from(rest, len(LIST_ITEM))[0]
         elif decl.kind == "map":
             entry = decode_element(rest)[0]
-        expiry, payload = unwrap(raw)
-        value = self._value(payload, decl.codec, state)
-        return StateEntry(grouping, state, decl.kind, entry, value, expiry, group)
+        return DataKey(grouping, state, decl.kind, entry, decl.codec, group, pos + used)
 
     def _list_position(self, list_key: bytes) -> int:
         if list_key != self._list:
@@ -157,7 +199,7 @@ class StateDecoder:
         self._position += 1
         return position
 
-    def _value(self, payload: bytes, codec_name: str, state: str | None = None) -> Any:
+    def value_of(self, payload: bytes, codec_name: str, state: str | None = None) -> Any:
         """``payload`` decoded with codec ``codec_name`` (an :class:`Undecoded` for a pickled
         value when pickles are not allowed, and for a custom codec's); a value of ``state``
         declared with a schema as a dict of the fields of the version it was written in."""

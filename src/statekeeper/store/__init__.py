@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from statekeeper.store._backend import StateBackend
+from statekeeper.store._changes import StoreChange, StoreChanges
 from statekeeper.store._export import ExportInfo
 from statekeeper.store._rescale import ParentCopy, StoreRescale
 from statekeeper.store._root import DEFAULT_KEY_GROUPS, Rescale, Retention, RootMetadata
@@ -20,6 +21,8 @@ __all__ = [
     "RootMetadata",
     "StateBackend",
     "StateStore",
+    "StoreChange",
+    "StoreChanges",
     "StoreRescale",
     "remove_unused_copy",
 ]
