@@ -91,6 +91,9 @@ class _Entry:
     backend: StateBackend
     lock: StoreLock
     store: StateStore | None = None
+    partitions: int = 0
+    """The operator's partition count the store was opened under: after a rescale
+    (``statekeeper repartition``) the store at the same version holds other keys."""
     busy: bool = False
     idle_since: float = field(default_factory=time.monotonic)
 
@@ -143,12 +146,15 @@ class StoreCache:
         entry = self._checkout(spec, partition)
         try:
             store, info = entry.store, None
-            if store is not None and (store.closed or store.version != version):
+            if store is not None and (
+                store.closed or store.version != version or entry.partitions != spec.partitions
+            ):
                 store.close()
                 store = entry.store = None
             if store is None:
                 store = _open(entry.backend, spec, partition, version)
                 entry.store, info = store, store.restore_info
+                entry.partitions = spec.partitions
         except BaseException:
             self._evict(entry)
             raise
