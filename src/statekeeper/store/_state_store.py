@@ -351,9 +351,7 @@ class StateStore:
         with phases.phase("encode"):
             pending = self._pending
             keys = sorted(pending)
-            values = list(map(pending.__getitem__, keys))
-            records = list(zip(keys, values, strict=True))
-            columns = Columns.trusted(keys, values)
+            columns = Columns.trusted(keys, list(map(pending.__getitem__, keys)))
         if self._attempt is None:
             self._attempt = uuid.uuid4().hex
         if self._before_commit is not None:
@@ -362,9 +360,9 @@ class StateStore:
         try:
             if self._config.mode == "snapshot":
                 with phases.phase("snapshot"):
-                    key, uploaded = self._commit_snapshot(records, order)
+                    key, uploaded = self._commit_snapshot(columns, order)
             else:
-                key, uploaded = self._commit_changelog(records, columns, order)
+                key, uploaded = self._commit_changelog(columns, order)
         except CommitConflictError as exc:
             self._state = _State.FAILED
             raise CommitConflictError(
@@ -375,12 +373,12 @@ class StateStore:
         self._pending = {}
         self._attempt = None
         scheduled = self._maybe_schedule_snapshot()
-        deletes = values.count(None)
+        deletes = columns.deletes
         return CommitInfo(
             operator=self._operator,
             partition=self._partition,
             version=self._version,
-            puts=len(records) - deletes,
+            puts=len(columns) - deletes,
             deletes=deletes,
             raw_bytes=columns.raw_length(0, len(columns)),
             bytes_uploaded=uploaded,
@@ -395,15 +393,13 @@ class StateStore:
         metrics, self._metrics = self._metrics, []
         write_metrics_quietly(self._blobs, self._operator, self._partition, metrics)
 
-    def _commit_changelog(
-        self, records: list[tuple[bytes, bytes | None]], columns: Columns, order: Order
-    ) -> tuple[str, int]:
+    def _commit_changelog(self, columns: Columns, order: Order) -> tuple[str, int]:
         new_version = self._version + 1
         attempt = self._attempt
         assert attempt is not None
-        adopted = self._refuse_early(new_version, attempt, order, records)
+        adopted = self._refuse_early(new_version, attempt, order, columns)
         if adopted is not None:
-            self._apply_locally(records, new_version, adopted)
+            self._apply_locally(columns, new_version, adopted)
             return self._manifest.entry(new_version).blob, 0  # type: ignore[union-attr]
 
         def encode() -> ChangelogParts:
@@ -427,13 +423,13 @@ class StateStore:
             _log.info("changelog %s was written by an earlier try of this commit", key)
             size = 0
         with phases.phase("upload"):
-            adopted = self._publish(new_version, attempt, order, "changelog", key, records)
+            adopted = self._publish(new_version, attempt, order, "changelog", key, columns)
         slices = None
         if parts.count > 1:  # as the changelog is written: a part at a time
             slices = [
                 (start, stop) for start, stop, _ in columns.split(self._config.changelog_part_bytes)
             ]
-        self._apply_locally(records, new_version, adopted or attempt, slices)
+        self._apply_locally(columns, new_version, adopted or attempt, slices)
         return key, size
 
     def _upload_changelog(
@@ -462,14 +458,14 @@ class StateStore:
 
     def _apply_locally(
         self,
-        records: list[tuple[bytes, bytes | None]],
+        columns: Columns,
         version: int,
         attempt: str,
         slices: list[tuple[int, int]] | None = None,
     ) -> None:
         """Apply a committed version to the working copy (with the undo record that steps
         it back), and flush if due. With ``slices`` (a commit of several changelog parts)
-        each slice of ``records`` is its own write, so RocksDB holds one slice's batch at a
+        each slice of ``columns`` is its own write, so RocksDB holds one slice's batch at a
         time; the copy is labelled dirty until the last (a crash in between leaves a copy
         no open trusts, never a mix labelled as a version).
 
@@ -477,7 +473,7 @@ class StateStore:
             StateKeeperError: the local write failed (a full disk, a damaged copy): the
                 commit is durable all the same; the store is failed and its copy released.
         """
-        slices = slices or [(0, len(records))]
+        slices = slices or [(0, len(columns))]
         if len(slices) > 1 and self._job is not None:
             # A scheduled snapshot must check the copy out before it is dirty: between the
             # slices it holds part of a version.
@@ -486,7 +482,7 @@ class StateStore:
             with phases.phase("apply"):
                 for i, (start, stop) in enumerate(slices):
                     self._copy.apply(
-                        records if len(slices) == 1 else records[start:stop],
+                        columns if len(slices) == 1 else columns.slice(start, stop),
                         version=version, root_id=self._root_id, attempt=attempt, undo=True,
                         dirty=i + 1 < len(slices),
                     )  # fmt: skip
@@ -494,16 +490,14 @@ class StateStore:
         except StateKeeperError as exc:
             raise self._local_failure(version, attempt, exc, committed=True) from exc
 
-    def _commit_snapshot(
-        self, records: list[tuple[bytes, bytes | None]], order: Order
-    ) -> tuple[str, int]:
+    def _commit_snapshot(self, columns: Columns, order: Order) -> tuple[str, int]:
         """Apply locally marked dirty, upload the snapshot, publish it, then mark clean."""
         new_version = self._version + 1
         attempt = self._attempt
         assert attempt is not None
         try:
             decide(self._manifest, parent=self._version, attempt=attempt, order=order)
-            self._apply_dirty(records, new_version, attempt)
+            self._apply_dirty(columns, new_version, attempt)
             job = SnapshotJob(
                 self._copy, self._operator, self._partition, root_id=self._root_id,
                 manifest=self._manifest, register=False,
@@ -522,9 +516,7 @@ class StateStore:
         self._last_snapshot = new_version
         return metrics.index_blob, metrics.bytes_uploaded
 
-    def _apply_dirty(
-        self, records: list[tuple[bytes, bytes | None]], version: int, attempt: str
-    ) -> None:
+    def _apply_dirty(self, columns: Columns, version: int, attempt: str) -> None:
         """Apply a snapshot-mode commit locally before its upload (dirty until published).
 
         Raises:
@@ -533,7 +525,7 @@ class StateStore:
         """
         try:
             self._copy.apply(
-                records, version=version, root_id=self._root_id, attempt=attempt, dirty=True,
+                columns, version=version, root_id=self._root_id, attempt=attempt, dirty=True,
                 undo=True,
             )  # fmt: skip
         except StateKeeperError as exc:
@@ -560,7 +552,7 @@ class StateStore:
         )
 
     def _refuse_early(
-        self, version: int, attempt: str, order: Order, records: list[tuple[bytes, bytes | None]]
+        self, version: int, attempt: str, order: Order, columns: Columns
     ) -> str | None:
         """Refuse a commit the cached manifest already refuses, before writing anything
         (its fence and its final versions only grow); ``None``, or the attempt to adopt
@@ -568,7 +560,7 @@ class StateStore:
         try:
             decide(self._manifest, parent=version - 1, attempt=attempt, order=order)
         except CommitConflictError:
-            adopted = self._identical(self._manifest, version, records)
+            adopted = self._identical(self._manifest, version, columns)
             if adopted is None:
                 raise
             return adopted
@@ -581,7 +573,7 @@ class StateStore:
         order: Order,
         kind: Kind,
         blob: str,
-        records: list[tuple[bytes, bytes | None]] | None,
+        columns: Columns | None,
     ) -> str | None:
         """Write the manifest naming this attempt as ``version``: the commit point.
 
@@ -597,7 +589,7 @@ class StateStore:
             try:
                 decision = decide(manifest, parent=version - 1, attempt=attempt, order=order)
             except CommitConflictError:
-                adopted = None if records is None else self._identical(manifest, version, records)
+                adopted = None if columns is None else self._identical(manifest, version, columns)
                 if adopted is None:
                     raise
                 self._manifest = manifest
@@ -624,11 +616,9 @@ class StateStore:
             )
         return found
 
-    def _identical(
-        self, manifest: StoreManifest, version: int, records: list[tuple[bytes, bytes | None]]
-    ) -> str | None:
+    def _identical(self, manifest: StoreManifest, version: int, columns: Columns) -> str | None:
         """The attempt holding ``version`` if it was built on the same parent and holds
-        exactly ``records`` (a re-run that changed nothing)."""
+        exactly ``columns`` (a re-run that changed nothing)."""
         entry = manifest.entry(version)
         if entry is None or entry.kind != "changelog":
             return None
@@ -642,10 +632,10 @@ class StateStore:
         for part in parts:  # a part at a time: the blob may be larger than memory allows
             if part.header.base_version != version - 1:
                 return None
-            if part.records != records[done : done + len(part.records)]:
+            if part.records != columns.records(done, done + len(part.records)):
                 return None
             done += len(part.records)
-        if done != len(records):
+        if done != len(columns):
             return None
         _log.info("version %s already committed with identical content: accepted", key)
         return entry.attempt

@@ -30,10 +30,12 @@ import os
 import shutil
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 
 import rocksdict
 
+from statekeeper.changelog import Columns
 from statekeeper.errors import StateKeeperError
 from statekeeper.store._label import (
     MAX_UNDO_KEYS,
@@ -52,7 +54,14 @@ from statekeeper.store._local_disk import (
     set_aside,
 )
 
-__all__ = ["SHARED_MEMORY", "DamagedCopyError", "WorkingCopy", "remove_unused_copy"]
+__all__ = [
+    "SHARED_MEMORY",
+    "DamagedCopyError",
+    "WorkingCopy",
+    "copy_exists",
+    "forget_lineage",
+    "remove_unused_copy",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -355,7 +364,7 @@ class WorkingCopy:
 
     def apply(
         self,
-        changes: Iterable[tuple[bytes, bytes | None]],
+        changes: Iterable[tuple[bytes, bytes | None]] | Columns,
         *,
         version: int,
         root_id: str,
@@ -366,6 +375,8 @@ class WorkingCopy:
         """Apply puts (value) and deletes (``None``) and label the copy ``version`` of
         ``attempt``, atomically.
 
+        ``changes`` are ``(key, value)`` pairs, or the :class:`Columns` a commit encoded
+        (keys unique, as a commit's are: then puts and deletes need not interleave).
         With ``dirty`` the copy is also marked as holding a version not yet durable in the
         blob store, until :meth:`mark_clean`. With ``undo`` (a commit on top of the labelled
         version) the label also keeps the old values of the changed keys, so that
@@ -375,14 +386,15 @@ class WorkingCopy:
             DamagedCopyError: reading the old values failed.
             StateKeeperError: RocksDB failed the write; the copy keeps its previous version.
         """
-        changes = list(changes)
-        record = self._undo_record(changes) if undo else None
         batch = rocksdict.WriteBatch(raw_mode=True)
-        for key, value in changes:
-            if value is None:
-                batch.delete(key)
-            else:
-                batch.put(key, value)
+        if isinstance(changes, Columns):
+            keys = changes.keys
+            _fill_columns(batch, keys, changes.values, changes.deletes)
+        else:
+            pairs = list(changes)
+            keys = [key for key, _ in pairs] if undo else []
+            _fill_pairs(batch, pairs)
+        record = self._undo_record(keys) if undo else None
         label = pack_label(version, dirty=dirty, root_id=root_id, attempt=attempt, undo=record)
         batch.put(LABEL_KEY, label)
         self._write(batch, parse_label(label)[0])
@@ -390,24 +402,24 @@ class WorkingCopy:
 
     def _flush_if_over_share(self) -> None:
         """Flush this copy's memtable if the process's memtables are over their bound and
-        this one holds more than its share (RocksDB itself would wait for its next write).
+        its active one holds more than its share (RocksDB itself would wait for its next
+        write). Memtables already switched out are being flushed: they do not count.
 
         Raises:
             StateKeeperError: the flush failed (a full disk, say).
         """
-        held = self._db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
+        held = self._db.property_int_value("rocksdb.cur-size-active-mem-table") or 0
         with _open_paths_lock:
             open_copies = len(_open_paths)
         if SHARED_MEMORY.over_share(held, open_copies):
             self.flush()
 
-    def _undo_record(self, changes: list[tuple[bytes, bytes | None]]) -> bytes | None:
-        """The undo record of ``changes`` on top of the labelled version, if it has one
-        (none for a commit of more than :data:`MAX_UNDO_KEYS` keys)."""
+    def _undo_record(self, keys: list[bytes]) -> bytes | None:
+        """The undo record of changing ``keys`` on top of the labelled version, if it has
+        one (none for a commit of more than :data:`MAX_UNDO_KEYS` keys)."""
         parent = self._label
-        if parent is None or parent.dirty or len(changes) > MAX_UNDO_KEYS:
+        if parent is None or parent.dirty or len(keys) > MAX_UNDO_KEYS:
             return None
-        keys = [key for key, _ in changes]
         old = zip(keys, self.multi_get(keys), strict=True)
         return encode_undo(parent.version, parent.attempt, old)
 
@@ -493,25 +505,33 @@ class WorkingCopy:
         return label.version, label.attempt
 
     def flush_if_due(self) -> bool:
-        """Flush memtables if the local checkpoint interval has passed; True if flushed.
+        """Flush the memtables if the local checkpoint interval has passed; True if flushed.
+
+        The flush runs in RocksDB's background: a commit does not wait for it (a flush
+        writes whole write batches, so whatever it leaves is a labelled version). Only when
+        the disk has little more room than the memtable does the commit wait, so that a
+        full disk is this commit's error, with its message, not a later write's.
 
         Raises:
-            StateKeeperError: the flush failed (a full disk, say).
+            StateKeeperError: the flush failed, or could not be started.
         """
         if time.monotonic() - self._last_flush < self._checkpoint_interval_s:
             return False
-        self.flush()
+        held = self._db.property_int_value("rocksdb.cur-size-active-mem-table") or 0
+        free = free_bytes(self.path)
+        self.flush(wait=free is None or free < LOW_SPACE_BYTES + held)
         return True
 
-    def flush(self) -> None:
-        """Make the current committed version durable on local disk.
+    def flush(self, *, wait: bool = True) -> None:
+        """Make the current committed version durable on local disk (with ``wait=False``:
+        switch to a new memtable and flush the old one in the background).
 
         Raises:
             StateKeeperError: RocksDB failed the flush; the message says how full the disk is.
         """
         try:
             with self._lock:
-                self._db.flush(wait=True)
+                self._db.flush(wait=wait)
         except Exception as exc:  # rocksdict raises a bare Exception for every failure
             raise StateKeeperError(
                 f"cannot flush the local working copy {self.path} to disk: {exc}; "
@@ -580,8 +600,7 @@ class WorkingCopy:
     def set_lineage(self, checkpoint_id: str | None, version: int) -> None:
         """Record (or forget, with ``None``) the snapshot the copy's files descend from."""
         if checkpoint_id is None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.lineage_path)
+            forget_lineage(self.path)
             return
         tmp = f"{self.lineage_path}.tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
@@ -589,8 +608,47 @@ class WorkingCopy:
         os.replace(tmp, self.lineage_path)
 
 
+def _fill_columns(
+    batch: rocksdict.WriteBatch, keys: list[bytes], values: list[bytes | None], deletes: int
+) -> None:
+    """Add a commit's changes to ``batch``: without deletes, one C-level ``map`` over the
+    columns, no Python code per key (about half the time of a loop)."""
+    put = batch.put
+    if not deletes:
+        deque(map(put, keys, values), maxlen=0)
+        return
+    delete = batch.delete
+    for key, value in zip(keys, values, strict=True):
+        if value is None:
+            delete(key)
+        else:
+            put(key, value)
+
+
+def _fill_pairs(batch: rocksdict.WriteBatch, pairs: list[tuple[bytes, bytes | None]]) -> None:
+    """Add ``(key, value)`` pairs to ``batch`` in order (a key may repeat: the last wins)."""
+    put, delete = batch.put, batch.delete
+    for key, value in pairs:
+        if value is None:
+            delete(key)
+        else:
+            put(key, value)
+
+
 def _lineage_path(path: str) -> str:
     return path + ".lineage.json"
+
+
+def forget_lineage(path: str) -> None:
+    """Delete the lineage record of the working copy at ``path``, if any."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_lineage_path(os.path.abspath(path)))
+
+
+def copy_exists(path: str) -> bool:
+    """Whether ``path`` holds a RocksDB database (its ``CURRENT`` file); a restore that
+    replaces every file of a copy anyway need not create an empty database there first."""
+    return os.path.exists(os.path.join(path, "CURRENT"))
 
 
 def remove_unused_copy(path: str) -> bool:
