@@ -250,7 +250,7 @@ def test_a_state_without_a_schema_adopts_one_through_a_migration(backend: StateB
     _batch(backend, lambda h: h.value_state("p"), {"a": ("Ann", 3)})
     with (
         backend.open("op", 0) as store,
-        pytest.raises(ConfigMismatchError, match="written without a schema"),
+        pytest.raises(ConfigMismatchError, match="written before it had a schema"),
     ):
         v1(_handle(store))
 
@@ -262,6 +262,35 @@ def test_a_state_without_a_schema_adopts_one_through_a_migration(backend: StateB
     assert _read(backend, adopt, ["a"]) == {"a": ProfileV1("Ann", 3)}
     _batch(backend, adopt, {"b": ProfileV1("Bob", 1)})
     assert _versions(backend, ["a", "b"]) == {"a": None, "b": 1}
+    schemas = _record(backend)["states"]["p"]["schemas"]
+    assert (schemas[0]["version"], schemas[0]["fields"]) == (0, [])
+    with backend.open("op", 0) as store:
+        values = {e.key[0]: e.value for e in iter_state(store)}
+    assert values == {"a": ("Ann", 3), "b": {"name": "Bob", "visits": 1}}
+    # "a" still has no schema version: dropping the migration is refused, also later on
+    for schema, version in ((ProfileV1, 1), (ProfileAdded, 2)):
+        with (
+            backend.open("op", 0) as store,
+            pytest.raises(ConfigMismatchError, match="written before it had a schema"),
+        ):
+            _handle(store).value_state("p", schema=schema, version=version)
+
+
+def test_a_migration_stays_needed_while_old_values_remain(backend: StateBackend) -> None:
+    _batch(backend, v1, {"a": ProfileV1("Ann", 3)})
+
+    def renamed(handle: StatefulProcessorHandle) -> Any:
+        return handle.value_state(
+            "p", schema=ProfileRenamed, version=2, migrate=lambda d, v: ProfileRenamed(*d.values())
+        )
+
+    _batch(backend, renamed, {"b": ProfileRenamed("Bob", 1)})
+    with (
+        backend.open("op", 0) as store,
+        pytest.raises(ConfigMismatchError, match="values stored with schema version 1") as caught,
+    ):
+        _handle(store).value_state("p", schema=ProfileRenamed, version=2)
+    assert "field 'full_name' is added without a default" in str(caught.value)
 
 
 def test_undeclared_states_keep_their_bytes_and_record(backend: StateBackend) -> None:

@@ -50,10 +50,20 @@ __all__ = [
 
 _MAX_VERSION = 2**31 - 1
 
+UNVERSIONED = RecordedSchema(0, ())
+"""Recorded when a state that held values without a schema adopts one: such values may
+remain (they have no ``0x02``), and only a migration reads them."""
+
 Migrate = Callable[[Any, int], Any]
 """``migrate(old value as a dict of its version's fields, that version) -> new value``."""
 
 _INTS = ("tinyint", "smallint", "int", "bigint")
+
+
+def _none() -> None:
+    return None
+
+
 _FLOATS = ("float", "double")
 
 
@@ -97,32 +107,36 @@ def _check(
     Raises:
         ConfigMismatchError: it cannot.
     """
-    if not history:
-        return (declared,)
-    newest = history[-1]
+    newest = history[-1] if history else declared
     if declared.version < newest.version:
         raise ConfigMismatchError(
             f"state {state!r}: the store holds values up to schema {newest}, but the processor "
             f"declares schema {declared}: schema versions never go down (version "
             f"{declared.version} cannot read what version {newest.version} wrote)"
         )
-    if declared.version == newest.version:
-        if declared.fields != newest.fields:
+    if declared.version == newest.version and declared.fields != newest.fields:
+        raise ConfigMismatchError(
+            f"state {state!r}: the store records schema {newest}, but the processor "
+            f"declares schema {declared}: a changed schema needs a higher version (and "
+            "a migrate= function unless the change is compatible)"
+        )
+    # Keys not written since keep older versions: each must stay readable, also when a
+    # version declared earlier with a migration is declared again without one.
+    for old in history if migrate is None else ():
+        if old.version == 0:
             raise ConfigMismatchError(
-                f"state {state!r}: the store records schema {newest}, but the processor "
-                f"declares schema {declared}: a changed schema needs a higher version (and "
-                "a migrate= function unless the change is compatible)"
+                f"state {state!r} may hold values written before it had a schema: declaring "
+                f"schema {declared} for it needs migrate= (called with from_version=0)"
             )
+        found = [] if old.version == declared.version else _problems(old, shape)
+        if found:
+            raise ConfigMismatchError(
+                f"state {state!r}: values stored with schema {old} cannot be read as the "
+                f"declared schema {declared} without a migration: {'; '.join(found)}. "
+                "Pass migrate=, or make the change compatible (see value_state)"
+            )
+    if history and declared.version == newest.version:
         return history
-    if migrate is None:
-        for old in history:
-            found = _problems(old, shape)
-            if found:
-                raise ConfigMismatchError(
-                    f"state {state!r}: values stored with schema {old} cannot be read as the "
-                    f"declared schema {declared} without a migration: {'; '.join(found)}. "
-                    "Pass migrate=, or make the change compatible (see value_state)"
-                )
     return (*history, declared)
 
 
@@ -175,12 +189,8 @@ def declare_schema(
         raise TypeError(f"state {state!r}: migrate must be callable, got {migrate!r}")
     shape = shape_of(state, schema)
     declared = RecordedSchema(version, shape.fields)
-    if stored is not None and not stored and migrate is None:
-        raise ConfigMismatchError(
-            f"state {state!r} holds values written without a schema; declaring schema "
-            f"{declared} for it needs migrate= (called with from_version=0 and each old value "
-            "as the codec decoded it)"
-        )
+    if stored is not None and not stored:
+        stored = (UNVERSIONED,)  # the state holds values written without a schema
     history = _check(state, stored or (), declared, shape, migrate)
     return SchemaCodec(state, codec, shape, history, version, migrate)
 
@@ -260,29 +270,35 @@ class SchemaCodec:
     def _plan(self, version: int) -> Callable[[list[Any]], Any]:
         """How values of an older ``version`` become the declared type."""
         old = next((s for s in self.recorded if s.version == version), None)
-        if old is None or version > self.version:
+        if old is None or not 0 < version < self.version:
             raise CorruptStateError(
                 f"a value of state {self._state!r} has schema version {version}, which the "
                 f"operator record does not hold (it holds {[s.version for s in self.recorded]})"
             )
-        names, shape, migrate = old.names, self._shape, self._migrate
-        if migrate is not None:
-            return lambda values: shape.coerce(
-                migrate(dict(zip(names, values, strict=True)), version), "migrate's result"
-            )
+        names, shape, migrate, state = old.names, self._shape, self._migrate, self._state
+        # Without a migration, declare_schema made sure every declared field is in ``old``
+        # (perhaps narrower) or has a default.
         position = {name: i for i, name in enumerate(names)}
         types_of = {f.name: f.type for f in old.fields}
-        steps: list[tuple[int, Callable[[], Any] | None, bool]] = []
-        for f in shape.fields:
+        steps: list[tuple[int, Callable[[], Any], bool]] = []
+        for f in shape.fields if migrate is None else ():
             i = position.get(f.name, -1)
             to_float = i >= 0 and f.type in _FLOATS and types_of[f.name] not in _FLOATS
-            steps.append((i, shape.defaults.get(f.name) if i < 0 else None, to_float))
+            steps.append((i, _none if i >= 0 else shape.defaults[f.name], to_float))
 
         def read(values: list[Any]) -> Any:
+            if len(values) != len(names):
+                raise CorruptStateError(
+                    f"a value of state {state!r} holds {len(values)} fields, its schema "
+                    f"version {version} has {len(names)}"
+                )
+            if migrate is not None:
+                old_value = dict(zip(names, values, strict=True))
+                return shape.coerce(migrate(old_value, version), "migrate's result")
             out = []
             for i, default, to_float in steps:
                 if i < 0:
-                    out.append(default() if default is not None else None)
+                    out.append(default())
                 else:
                     value = values[i]
                     out.append(float(value) if to_float and value is not None else value)

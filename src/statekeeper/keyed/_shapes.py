@@ -97,11 +97,13 @@ class RecordedSchema:
             ValueError, KeyError, TypeError: not such a document.
         """
         version = doc["version"]
-        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-            raise ValueError(f"schema version must be a positive int, got {version!r}")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"schema version must be an int >= 0, got {version!r}")
         fields = tuple(
             SchemaField(str(f["name"]), str(f["type"]), bool(f["nullable"])) for f in doc["fields"]
         )
+        if version == 0 and fields:
+            raise ValueError("schema version 0 (values without a schema) has no fields")
         return cls(version, fields)
 
 
