@@ -109,7 +109,7 @@ class ChangeDecoder:
         expiry_ms: int | None = None
         if raw is not None:
             expiry_ms, payload = unwrap(raw)
-            value = self._decoder.value_of(payload, found.codec)
+            value = self._decoder.value_of(payload, found.codec, found.state)
         return StateChange(
             change.version, operation, found.key, found.state, found.kind, found.entry, value,
             expiry_ms, found.key_group,

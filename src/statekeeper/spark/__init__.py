@@ -53,6 +53,7 @@ from statekeeper.keyed import (
 from statekeeper.keyed.arrow_keys import encode_keys
 from statekeeper.keyed.output import OutputSchemaError
 from statekeeper.reports import TaskReport
+from statekeeper.spark._changes import read_state_changes
 from statekeeper.spark._filelock import StoreBusyError
 from statekeeper.spark._listener import StateListener, state_listener
 from statekeeper.spark._metrics import BatchMetrics, batch_metrics
@@ -87,6 +88,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/spark/test_api.py holds i
     "latest_manifest",
     "read_manifest",
     "read_state",
+    "read_state_changes",
     "state_listener",
     "transform_with_state",
     "transform_with_state_arrow",

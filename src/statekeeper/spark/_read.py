@@ -36,6 +36,7 @@ from statekeeper.epochs import consistent_cut
 from statekeeper.errors import ConfigMismatchError, StateNotFoundError
 from statekeeper.history import StoreHistory
 from statekeeper.keyed import (
+    TIMER_STATE,
     OperatorRecord,
     iter_state,
     iter_timers,
@@ -49,12 +50,18 @@ from statekeeper.spark._listener import StateListener, state_listener
 from statekeeper.spark._transform import _arrow_schema
 from statekeeper.store import StateBackend, StateStore
 
-__all__ = ["TIMER_STATE", "read_state"]
+__all__ = [
+    "PartitionRead",
+    "as_json",
+    "key_fields",
+    "read_on_executors",
+    "read_state",
+    "schema_record",
+    "utc",
+    "versions_to_read",
+]
 
 _log = logging.getLogger("statekeeper.spark")
-
-TIMER_STATE = "$timer"
-"""The ``state`` of a timer's row in :func:`read_state` (no state name starts with ``$``)."""
 
 _CATCH_UP_S = 10.0
 """How long ``read_state`` waits for its session's listener to record a batch whose tasks
@@ -129,29 +136,71 @@ def read_state(
     """
     listener = state_listener(spark) if isinstance(spark, SparkSession) else None
     spec, schema = _plan(spark, checkpoint, name, version, storage_options, allow_pickle, listener)
+    return read_on_executors(spark, spec, schema)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartitionRead:
+    """What a read task needs to stream the rows of each partition (a subclass says which
+    rows); picklable, credentials kept out of repr."""
+
+    checkpoint: str
+    operator: str
+    versions: dict[int, int]
+    """Partition -> the version to read (every partition of the operator has one)."""
+    arrow_schema: Any
+    storage_options: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    def where(self, partition: int) -> str:
+        """What a task reads, for errors."""
+        return f"operator {self.operator!r} partition {partition}"
+
+    def rows(self, backend: StateBackend, partition: int) -> Iterator[tuple[Any, ...]]:
+        """The rows of ``partition``, read through ``backend`` (a temporary one)."""
+        raise NotImplementedError
+
+
+def read_on_executors(spark: SparkSession, spec: PartitionRead, schema: T.StructType) -> DataFrame:
+    """A DataFrame of ``schema`` whose rows ``spec`` reads on the executors, one Spark task
+    per partition, each with a temporary backend under the executor's local directory,
+    streaming Arrow batches of bounded size."""
     count = len(spec.versions)
     # One row per partition, one partition per row: one task per store.
     ids = spark.range(0, count, 1, numPartitions=count)
     return ids.mapInArrow(functools.partial(_read_task, spec), schema)
 
 
-@dataclass(frozen=True)
-class _ReadSpec:
-    """What a read task needs; picklable, credentials kept out of repr."""
+@dataclass(frozen=True, kw_only=True)
+class _ReadSpec(PartitionRead):
+    """``read_state``: the state of each partition at its version."""
 
-    checkpoint: str
-    operator: str
-    versions: dict[int, int]
-    """Partition -> version to read."""
     typed: bool
     """Decode a keyed processor's state (else raw key/value rows)."""
     grouped: bool
     """Raw keys start with their key group."""
     allow_pickle: bool
-    arrow_schema: Any
     schema_partition: int | None
     """The partition whose store gave the schema (for errors)."""
-    storage_options: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    def where(self, partition: int) -> str:
+        version = self.versions[partition]
+        return f"read_state of {super().where(partition)} version {version}"
+
+    def rows(self, backend: StateBackend, partition: int) -> Iterator[tuple[Any, ...]]:
+        with backend.open(self.operator, partition, self.versions[partition]) as store:
+            record = read_operator_record(store)
+            if self.typed and record is None:
+                return  # an empty store, or one no keyed processor wrote to (as before: no rows)
+            if not self.typed and record is not None:
+                raise ConfigMismatchError(
+                    f"{self.where(partition)}: the store holds a keyed processor's operator "
+                    f"record, but the store of partition {self.schema_partition} read for the "
+                    "schema holds none: the operator's partitions were written by different forms"
+                )
+            if self.typed:
+                yield from _typed_rows(store, partition, self.allow_pickle)
+            else:
+                yield from _raw_rows(store, partition, grouped=self.grouped)
 
 
 def _plan(
@@ -169,8 +218,8 @@ def _plan(
             checkpoint, config=StoreConfig(local_dir=tmp), storage_options=storage_options
         )
         try:
-            versions, grouped = _versions(backend, name, version, listener)
-            found = _schema_record(backend, name, versions)
+            versions, grouped = versions_to_read(backend, name, version, listener)
+            found = schema_record(backend, name, versions)
         finally:
             backend.close()
     source, record = found
@@ -189,7 +238,7 @@ def _plan(
     return spec, schema
 
 
-def _versions(
+def versions_to_read(
     backend: StateBackend, name: str, version: int | None, listener: StateListener | None
 ) -> tuple[dict[int, int], bool]:
     """Partition -> version to read, and whether raw keys carry a key group.
@@ -255,7 +304,7 @@ def _caught_up(listener: StateListener, backend: StateBackend, name: str, versio
     return bool(followed)
 
 
-def _schema_record(
+def schema_record(
     backend: StateBackend, name: str, versions: dict[int, int]
 ) -> tuple[int | None, OperatorRecord | None]:
     """The operator record of the first partition past version 0 (a keyed processor writes
@@ -267,43 +316,28 @@ def _schema_record(
     return None, None
 
 
-def _read_task(spec: _ReadSpec, batches: Iterable[Any]) -> Iterator[Any]:
+def _read_task(spec: PartitionRead, batches: Iterable[Any]) -> Iterator[Any]:
     """mapInArrow function: the rows of every partition id in ``batches``."""
     for batch in batches:
         for partition in batch.column(0).to_pylist():
             yield from _read_partition(spec, int(partition))
 
 
-def _read_partition(spec: _ReadSpec, partition: int) -> Iterator[Any]:
-    """Restore one store into a temporary folder under the executor's local directory and
-    stream its rows as Arrow batches."""
+def _read_partition(spec: PartitionRead, partition: int) -> Iterator[Any]:
+    """Stream one partition's rows as Arrow batches, read through a backend whose working
+    copies live in a temporary folder under the executor's local directory (never the
+    working copies a running query uses)."""
     base = worker_config(StoreConfig()).local_dir
     if base is not None:
         os.makedirs(base, exist_ok=True)
-    version = spec.versions[partition]
-    where = f"read_state of operator {spec.operator!r} partition {partition} version {version}"
     options = dict(spec.storage_options) or None
     with (
         tempfile.TemporaryDirectory(prefix="statekeeper-read-", dir=base) as tmp,
         StateBackend(
             spec.checkpoint, config=StoreConfig(local_dir=tmp), storage_options=options
         ) as backend,
-        backend.open(spec.operator, partition, version) as store,
     ):
-        record = read_operator_record(store)
-        if spec.typed and record is None:
-            return  # an empty store, or one no keyed processor wrote to (as before: no rows)
-        if not spec.typed and record is not None:
-            raise ConfigMismatchError(
-                f"{where}: the store holds a keyed processor's operator record, but the "
-                f"store of partition {spec.schema_partition} read for the schema holds none: "
-                "the operator's partitions were written by different forms"
-            )
-        if spec.typed:
-            rows = _typed_rows(store, partition, spec.allow_pickle)
-        else:
-            rows = _raw_rows(store, partition, grouped=spec.grouped)
-        yield from _batches(rows, spec.arrow_schema, where)
+        yield from _batches(spec.rows(backend, partition), spec.arrow_schema, spec.where(partition))
 
 
 def _batches(rows: Iterator[tuple[Any, ...]], schema: Any, where: str) -> Iterator[Any]:
@@ -329,30 +363,35 @@ def _raw_rows(store: StateStore, partition: int, *, grouped: bool) -> Iterator[t
             yield (partition, key, value, None)
 
 
-def _typed_schema(record: OperatorRecord) -> T.StructType:
+def key_fields(record: OperatorRecord) -> list[T.StructField]:
+    """The key columns of a keyed processor's state, typed as the record says."""
     if record.key_schema is not None:
-        parsed = T.StructType.fromJson(json.loads(record.key_schema))
-        key_fields = list(parsed.fields)
-    else:
-        key_fields = [T.StructField(k, T.StringType()) for k in record.keys]
+        return list(T.StructType.fromJson(json.loads(record.key_schema)).fields)
+    return [T.StructField(k, T.StringType()) for k in record.keys]
+
+
+def _typed_schema(record: OperatorRecord) -> T.StructType:
     return T.StructType(
-        [T.StructField("partition", T.IntegerType(), False), *key_fields, *_TAIL_FIELDS]
+        [T.StructField("partition", T.IntegerType(), False), *key_fields(record), *_TAIL_FIELDS]
     )
 
 
 def _typed_rows(store: StateStore, partition: int, allow_pickle: bool) -> Iterator[tuple[Any, ...]]:
     for e in iter_state(store, allow_pickle=allow_pickle):
-        entry = None if e.kind == "value" else str(e.entry) if e.kind == "list" else _json(e.entry)
-        expires = (
-            None
-            if e.expires_at_ms is None
-            else dt.datetime.fromtimestamp(e.expires_at_ms / 1000, dt.UTC)
+        entry = (
+            None if e.kind == "value" else str(e.entry) if e.kind == "list" else as_json(e.entry)
         )
-        yield (partition, *e.key, e.state, entry, _json(e.value), expires)
+        yield (partition, *e.key, e.state, entry, as_json(e.value), utc(e.expires_at_ms))
     for timer in iter_timers(store):
-        fires = dt.datetime.fromtimestamp(timer.expiry_ms / 1000, dt.UTC)
+        fires = utc(timer.expiry_ms)
         yield (partition, *timer.key, TIMER_STATE, str(timer.expiry_ms), None, fires)
 
 
-def _json(value: Any) -> str:
+def as_json(value: Any) -> str:
+    """A decoded value (or map key) as the JSON text the ``value`` columns hold."""
     return json.dumps(jsonable(value), ensure_ascii=False)
+
+
+def utc(ms: int | None) -> dt.datetime | None:
+    """Milliseconds since the epoch as a UTC timestamp (``None`` stays ``None``)."""
+    return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.UTC)

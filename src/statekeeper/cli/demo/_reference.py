@@ -27,9 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statekeeper.cli.demo._clicks import Click
-
-TIMER_STATE = "$timer"
-"""The ``state`` of a timer's row in :func:`statekeeper.spark.read_state`."""
+from statekeeper.keyed import TIMER_STATE
 
 __all__ = [
     "Expected",
