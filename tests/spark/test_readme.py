@@ -85,7 +85,7 @@ def test_readme_examples_and_commands(
     for args in commands(README):
         run_cli([filled.get(a, a) for a in absolute_args(args, tmp_path)])
         ran += 1
-    assert ran == 10
+    assert ran == 11
 
 
 def absolute_args(args: list[str], tmp: Path) -> list[str]:
@@ -105,7 +105,7 @@ def test_operations_commands_run(tmp_path: Path) -> None:
     for args in commands(text):
         run_cli([fill.get(a, a) for a in args])
         ran += 1
-    assert ran == 7
+    assert ran == 9
 
 
 def test_configuration_table_lists_every_field_with_its_default() -> None:

@@ -5,6 +5,7 @@ Thin commands over the library (ARCHITECTURE §3)::
     statekeeper info ROOT
     statekeeper versions ROOT OPERATOR [--partition N]
     statekeeper inspect ROOT OPERATOR --partition N [--version V] [--prefix HEX|TEXT] [--limit K]
+    statekeeper diff ROOT OPERATOR --from V [--to V] [--partition N] [--limit K] [--raw]
     statekeeper stats ROOT [OPERATOR] [--partition N] [--last N]
     statekeeper verify ROOT [--deep]
     statekeeper restore ROOT OPERATOR --partition N [--version V] --to DIR
@@ -20,13 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from statekeeper.cli import _data, _demo, _info, _maintain, _repartition, _stats
+from statekeeper.cli import _data, _demo, _diff, _info, _maintain, _repartition, _stats
 from statekeeper.cli._app import cli
 
 __all__ = ["cli", "main"]
 
 # The command modules register themselves on ``cli`` when imported.
-_COMMANDS = (_data, _demo, _info, _maintain, _repartition, _stats)
+_COMMANDS = (_data, _demo, _diff, _info, _maintain, _repartition, _stats)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
