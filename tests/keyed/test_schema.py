@@ -308,6 +308,29 @@ def test_undeclared_states_keep_their_bytes_and_record(backend: StateBackend) ->
     )
 
 
+def test_a_store_written_before_schemas_still_reads(backend: StateBackend) -> None:
+    """Literal bytes of a store written by the release before schemas: a record of format 1
+    and a value of the default codec, read as they were, then adopted by a schema."""
+    record = (
+        b'{"format":"statekeeper.spark.operator","formatVersion":1,"keySchema":null,'
+        b'"keys":["k"],"states":{"p":{"codec":"default","kind":"value","ttlMs":null}}}'
+    )
+    value = b"\x00\x01\x0a\x02\x06\x04name\x06\x03Ann\x06\x06visits\x03" + bytes(7) + b"\x03"
+    with backend.open("op", 0) as store:
+        store.put(META_KEY, record)
+        store.put(state_prefix("p") + encode_key(("a",)), value)
+        store.commit()
+    plain = {"name": "Ann", "visits": 3}
+    assert _read(backend, lambda h: h.value_state("p"), ["a"]) == {"a": plain}
+    with backend.open("op", 0) as store:
+        assert [(e.key, e.value) for e in iter_state(store)] == [(("a",), plain)]
+
+    def adopt(handle: StatefulProcessorHandle) -> Any:
+        return handle.value_state("p", schema=ProfileV1, migrate=lambda old, v: old)
+
+    assert _read(backend, adopt, ["a"]) == {"a": ProfileV1("Ann", 3)}
+
+
 def test_a_schema_value_costs_two_bytes_over_the_field_list(backend: StateBackend) -> None:
     _batch(backend, v1, {"a": ProfileV1("Ann", 3)})
     with backend.open("op", 0) as store:
