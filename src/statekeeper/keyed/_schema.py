@@ -58,13 +58,11 @@ Migrate = Callable[[Any, int], Any]
 """``migrate(old value as a dict of its version's fields, that version) -> new value``."""
 
 _INTS = ("tinyint", "smallint", "int", "bigint")
+_FLOATS = ("float", "double")
 
 
 def _none() -> None:
     return None
-
-
-_FLOATS = ("float", "double")
 
 
 # -- compatibility -------------------------------------------------------------------------
