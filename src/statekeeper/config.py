@@ -80,7 +80,7 @@ class StoreConfig:
     compression_level: int = 1
     local_dir: str | None = None
     local_checkpoint_interval_s: float = 60.0
-    write_buffer_mb: int = 64
+    write_buffer_mb: int = 16
     rocksdb_memory_mb: int = 256
     max_open_stores: int = 256
     local_copy_ttl_s: float = 24 * 3600.0

@@ -142,13 +142,46 @@ SHARED_MEMORY = _SharedMemory()
 """RocksDB memory shared by the working copies of this process."""
 
 
+# Commits must not wait for background work (issue 14): a commit's write lands in a memtable
+# whatever flushes and compactions are behind. Room for three memtables waiting to be
+# flushed (a full memtable never stops writes while the previous one is still being
+# written), and level-0 files tolerated far beyond the compaction trigger before RocksDB
+# slows writes down (reads check each level-0 file's pinned bloom filter first: cheap).
+_MAX_WRITE_BUFFERS = 4
+_L0_SLOWDOWN_FILES = 48
+_L0_STOP_FILES = 96
+_env_lock = threading.Lock()
+_env: rocksdict.Env | None = None
+
+
+def _background_env() -> rocksdict.Env:
+    """The process's RocksDB environment, its compaction threads at low CPU priority.
+
+    On a machine whose cores the commit shares with RocksDB's compactions (a Spark executor
+    runs tasks on every core), a compaction at normal priority takes the core a commit
+    waits for; at low priority it takes only what the foreground leaves. Flushes (the high
+    pool) keep normal priority: they free memtables, which writes need.
+    """
+    global _env
+    with _env_lock:
+        if _env is None:
+            env = rocksdict.Env()
+            env.lower_thread_pool_cpu_priority()
+            _env = env
+        return _env
+
+
 def _options(*, write_buffer_mb: int, memory_mb: int) -> rocksdict.Options:
     cache, buffers = SHARED_MEMORY.reserve(memory_mb)
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
+    opts.set_env(_background_env())
     opts.set_write_buffer_size(min(write_buffer_mb << 20, _SharedMemory.memtable_bytes(memory_mb)))
     opts.set_write_buffer_manager(buffers)
+    opts.set_max_write_buffer_number(_MAX_WRITE_BUFFERS)
+    opts.set_level_zero_slowdown_writes_trigger(_L0_SLOWDOWN_FILES)
+    opts.set_level_zero_stop_writes_trigger(_L0_STOP_FILES)
     opts.set_max_background_jobs(2)
     opts.set_level_compaction_dynamic_level_bytes(True)
     opts.set_compression_type(rocksdict.DBCompressionType.lz4())
@@ -171,7 +204,13 @@ class WorkingCopy:
     """
 
     def __init__(
-        self, path: str, *, write_buffer_mb: int, memory_mb: int, checkpoint_interval_s: float
+        self,
+        path: str,
+        *,
+        write_buffer_mb: int,
+        memory_mb: int,
+        checkpoint_interval_s: float,
+        compactions: bool = True,
     ) -> None:
         """Open (creating if needed) the working copy at ``path``; one that RocksDB cannot
         open, or whose label cannot be read, is set aside and a new one created.
@@ -194,6 +233,9 @@ class WorkingCopy:
             _open_paths.add(self.path)
         try:
             self._opts = _options(write_buffer_mb=write_buffer_mb, memory_mb=memory_mb)
+            # Off for a copy whose files must stay those of its snapshot (a rescale's parent).
+            self._opts.set_disable_auto_compactions(not compactions)
+            self._compactions = compactions
             self._db, self._label = self._open_db()
         except BaseException:
             with _open_paths_lock:
@@ -214,7 +256,10 @@ class WorkingCopy:
         for fresh in (False, True):
             try:
                 os.makedirs(self.path, exist_ok=True)
-                db = rocksdict.Rdict(self.path, self._opts)
+                # rocksdict opens an existing database's column families with the options
+                # of its OPTIONS file unless told otherwise: compactions must be off at once.
+                families = None if self._compactions else {"default": self._opts}
+                db = rocksdict.Rdict(self.path, self._opts, column_families=families)
             except Exception as exc:  # noqa: BLE001 - rocksdict raises a bare Exception
                 failure: Exception = exc
             else:
