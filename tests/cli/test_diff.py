@@ -177,3 +177,12 @@ def test_diff_of_a_partition_that_does_not_exist_is_a_usage_error(local: Built, 
     result = run("diff", local.uri, "counts", where, "5", "--from", "0")
     assert result.exit_code == 2
     assert "partition 5 of operator 'counts' does not exist" in one_error_line(result)
+
+
+def test_diff_shows_a_progress_bar_on_a_terminal(local: Built) -> None:
+    args = ("diff", local.uri, "counts", "-p", "0", "--from", "2", "--to", "5")
+    result = run(*args, env={"TTY_COMPATIBLE": "1"})
+    assert result.exit_code == 0, result.output
+    assert "reading counts/0@2..5" in result.stdout
+    quiet = run(*args, "--json", env={"TTY_COMPATIBLE": "1"})
+    assert json.loads(quiet.stdout)["partitions"][0]["to"] == 5  # no bar around the JSON
