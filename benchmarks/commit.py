@@ -17,7 +17,19 @@ JSON document comparing the sizes side by side:
   over the commits (so they need not add up to ``commit_p50_ms`` exactly);
 * ``bytes_uploaded_per_commit`` against ``raw_bytes_per_commit`` (keys + values changed);
 * ``requests_per_commit``: blob-store calls made inside ``commit()``, by kind (a ``put_many``
-  of n blobs counts n PUTs).
+  of n blobs counts n PUTs);
+* ``slowest_commits``: the three slowest commits with their phases (what the p99 is made of);
+* ``peak_rss_mb``: the process's peak resident memory so far (``VmHWM``: loading included,
+  and every size run before in this process), ``commit_rss_max_mb``: the largest resident
+  memory seen after a timed commit; ``local_copy_mb`` / ``root_mb``: the working copy and
+  the checkpoint root on disk after the run; ``load_average_1m``: the machine's load when
+  the size finished (figures from a loaded machine are not comparable with a quiet one's).
+
+The state is loaded through the store API, ``--load-batch`` keys per commit (200,000 by
+default; a 50M-key store loads in 1M-key commits, each written and applied a changelog part
+at a time), values cut from one random buffer per commit. Loading leaves compactions
+behind; the timed commits run while RocksDB catches up, as a store that was just restored
+or bulk-written would.
 
 It runs twice, side by side: the working tree's commit protocol and statekeeper 0.1.0's (its
 sources taken from git history by ``release.py``, run in a subprocess), so what the format-2
@@ -27,7 +39,8 @@ request counts. Local filesystem root, warm page cache.
 Targets (issue 2): p50 at 1M within 1.3x of p50 at 100k; bytes uploaded <= 1.2x raw bytes.
 
     .venv/bin/python benchmarks/commit.py [--sizes 100000 1000000] [--commits 40]
-        [--changed 10000] [--value-bytes 100] [--protocols current 0.1.0] [--out FILE]
+        [--changed 10000] [--value-bytes 100] [--load-batch 200000]
+        [--protocols current 0.1.0] [--out FILE]
 """
 
 from __future__ import annotations
@@ -52,7 +65,6 @@ import statekeeper as sk
 from statekeeper.storage import open_blob_store
 
 KEY_FMT = b"user:%012d"
-LOAD_BATCH = 200_000
 COUNTED = {"put", "get", "get_range", "head", "list", "delete_many"}
 """Blob-store calls counted one request each; ``put_many``/``get_many`` count per blob."""
 
@@ -91,11 +103,51 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def _load(store: sk.StateStore, size: int, value_bytes: int) -> None:
-    for start in range(0, size, LOAD_BATCH):
-        for i in range(start, min(size, start + LOAD_BATCH)):
-            store.put(KEY_FMT % i, os.urandom(value_bytes))
+def _load(store: sk.StateStore, size: int, value_bytes: int, batch: int) -> None:
+    put = store.put
+    for start in range(0, size, batch):
+        stop = min(size, start + batch)
+        data = os.urandom(value_bytes * (stop - start))
+        for offset, i in enumerate(range(start, stop)):
+            at = offset * value_bytes
+            put(KEY_FMT % i, data[at : at + value_bytes])
         store.commit()
+
+
+def _memory_mb() -> tuple[float, float]:
+    """Resident memory of this process now and at its peak (``VmRSS``, ``VmHWM``), MB."""
+    fields = {}
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                fields[name] = int(value.split()[0]) / 1024
+    return round(fields["VmRSS"], 1), round(fields["VmHWM"], 1)
+
+
+def _disk_mb(folder: Path) -> float:
+    total = 0
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(parent, name)).st_size
+            except FileNotFoundError:
+                continue  # a temporary file of RocksDB's, gone meanwhile
+    return round(total / 2**20, 1)
+
+
+def _slowest(latencies: list[float], infos: list[Any], n: int = 3) -> list[dict[str, Any]]:
+    """The ``n`` slowest commits and where their time went."""
+    order = sorted(range(len(latencies)), key=latencies.__getitem__, reverse=True)[:n]
+    return [
+        {
+            "ms": round(latencies[i], 2),
+            "phases_ms": {
+                k: round(v, 2) for k, v in (getattr(infos[i], "phases_ms", None) or {}).items()
+            },
+        }
+        for i in order
+    ]
 
 
 def _phases_p50(infos: list[Any]) -> dict[str, float]:
@@ -106,7 +158,14 @@ def _phases_p50(infos: list[Any]) -> dict[str, float]:
 
 
 def run_size(
-    size: int, commits: int, workdir: Path, seed: int, *, changed: int, value_bytes: int
+    size: int,
+    commits: int,
+    workdir: Path,
+    seed: int,
+    *,
+    changed: int,
+    value_bytes: int,
+    load_batch: int = 200_000,
 ) -> dict[str, Any]:
     """Load ``size`` keys, then time ``commits`` commits of ``changed`` updated keys each."""
     config = sk.StoreConfig(local_dir=str(workdir / "local"), snapshot_every=1_000_000)
@@ -117,9 +176,10 @@ def run_size(
     backend = sk.StateBackend(blobs, config=config)  # type: ignore[arg-type]
     with backend, backend.open("bench", partition=0, partitions=1) as store:
         started = time.perf_counter()
-        _load(store, size, value_bytes)
+        _load(store, size, value_bytes, load_batch)
         load_s = time.perf_counter() - started
         latencies, uploaded, raw, infos, cpu = [], [], [], [], []
+        rss_max = 0.0
         requests: Counter[str] = Counter()
         for _ in range(commits):
             for i in rng.sample(range(size), changed):
@@ -133,6 +193,7 @@ def run_size(
             uploaded.append(info.bytes_uploaded)
             raw.append(info.raw_bytes)
             infos.append(info)
+            rss_max = max(rss_max, _memory_mb()[0])
     return {
         "state_keys": size,
         "load_s": round(load_s, 2),
@@ -148,6 +209,12 @@ def run_size(
         "upload_to_raw_ratio": round(sum(uploaded) / sum(raw), 3),
         "requests_per_commit": {k: round(n / commits, 2) for k, n in sorted(requests.items())},
         "phases_p50_ms": _phases_p50(infos),
+        "slowest_commits": _slowest(latencies, infos),
+        "commit_rss_max_mb": rss_max,
+        "peak_rss_mb": _memory_mb()[1],
+        "local_copy_mb": _disk_mb(workdir / "local"),
+        "root_mb": _disk_mb(workdir / "root"),
+        "load_average_1m": round(os.getloadavg()[0], 2),
     }
 
 
@@ -155,7 +222,11 @@ def _run_protocol(protocol: str, args: argparse.Namespace) -> list[dict[str, Any
     """Results of every size with the working tree's library, or with a release's sources in
     a subprocess."""
     sizes, commits = args.sizes, args.commits
-    shape = {"changed": args.changed, "value_bytes": args.value_bytes}
+    shape = {
+        "changed": args.changed,
+        "value_bytes": args.value_bytes,
+        "load_batch": args.load_batch,
+    }
     if protocol == "current":
         results = []
         for size in sizes:
@@ -169,6 +240,7 @@ def _run_protocol(protocol: str, args: argparse.Namespace) -> list[dict[str, Any
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), here])}
         argv = ["--sizes", *map(str, sizes), "--commits", str(commits), "--protocols", "current"]
         argv += ["--changed", str(args.changed), "--value-bytes", str(args.value_bytes)]
+        argv += ["--load-batch", str(args.load_batch)]
         out = subprocess.run(
             [sys.executable, __file__, *argv, "--results-only"],
             env=env, check=True, stdout=subprocess.PIPE, text=True,
@@ -183,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commits", type=int, default=40)
     parser.add_argument("--changed", type=int, default=10_000, help="keys updated per commit")
     parser.add_argument("--value-bytes", type=int, default=100, help="bytes of each value")
+    parser.add_argument(
+        "--load-batch", type=int, default=200_000, help="keys per commit while loading"
+    )
     parser.add_argument(
         "--protocols", nargs="+", default=["current", "0.1.0"], choices=["current", "0.1.0"]
     )
@@ -216,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                     for k in (
                         "state_keys",
                         "commit_p50_ms",
+                        "commit_p99_ms",
                         "commit_cpu_p50_ms",
                         "requests_per_commit",
                     )
