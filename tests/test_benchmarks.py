@@ -260,3 +260,18 @@ def _load_report() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_repartition_reports_each_way_of_rescaling(tmp_path: Path) -> None:
+    doc = _run("repartition", tmp_path / "repartition.json", "--keys", "4000", "--partitions", "2")
+    r = doc["results"]
+    assert set(r) >= {"plain_restore", "split", "split_misaligned", "merge", "full_rewrite"}
+    assert r["split"]["partitions"] == "2 -> 4"
+    assert r["split"]["keys_ingested"] == 0  # new boundaries on old ones: one parent each
+    assert 0 < r["split"]["bytes_uploaded"] < r["split"]["state_bytes"] < r["split"]["bytes_reused"]
+    assert r["merge"]["keys_ingested"] > 0
+    assert r["full_rewrite"]["bytes_uploaded"] > r["split"]["bytes_uploaded"]
+    assert set(r["targets"]) == {
+        "split_uploaded_share", "split_uploaded_share_target",
+        "split_time_over_plain_restore", "split_time_over_plain_restore_target",
+    }  # fmt: skip

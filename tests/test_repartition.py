@@ -10,6 +10,7 @@ import pytest
 
 import statekeeper as sk
 from statekeeper import layout
+from statekeeper.gc import collect_garbage
 from statekeeper.keyed._layout import (
     DATA,
     GROUPED_TIMER_INDEX,
@@ -23,7 +24,6 @@ from statekeeper.keyed._layout import (
     state_prefix,
     ttl_prefix,
 )
-from statekeeper.gc import collect_garbage
 from statekeeper.repartition import plan_parents, repartition
 from statekeeper.snapshot import SnapshotIndex, iter_files, referenced_blob_keys
 from statekeeper.store._root import DEFAULT_KEY_GROUPS
@@ -243,3 +243,17 @@ def test_gc_keeps_parent_blobs_that_new_stores_name(tmp_path: Path) -> None:
         assert not parents & set(run.deleted_keys)
         assert run.deleted_keys  # old store 1's own files went: it was collected
     check_layout(state_of(root, tmp_path, "after-gc"), everything)
+
+
+def test_keys_outside_every_key_group_are_refused_not_dropped(tmp_path: Path) -> None:
+    root = str(tmp_path / "root")
+    with (
+        sk.StateBackend(root, config=config(tmp_path, "w")) as backend,
+        backend.open("plain", 0, partitions=1) as store,
+    ):
+        store.put(b"user-1", b"3")  # the plain store API: no key group
+        store.commit()
+    before = (Path(root) / layout.ROOT_METADATA).read_bytes()
+    with pytest.raises(sk.ConfigMismatchError, match=r"holds key b'user-1', outside the"):
+        repartition(root, "plain", partitions=2, config=config(tmp_path, "r"))
+    assert (Path(root) / layout.ROOT_METADATA).read_bytes() == before

@@ -88,7 +88,11 @@ class RepartitionReport:
     generation: int
     attempt: str
     state_bytes: int
-    """Size of every file of the new stores' snapshots."""
+    """Size of the old stores' files at the cut (their snapshots', or what their restore
+    downloaded where they had none): the state's bytes."""
+    new_store_bytes: int
+    """Size of every file of the new stores' snapshots (a file two new stores share with
+    their parent counts twice)."""
     bytes_uploaded: int
     """Bytes of files uploaded (reused blobs of the parents not counted)."""
     bytes_reused: int
@@ -170,6 +174,8 @@ def repartition(
     try:
         cfg = config or backend.config
         job = _Job.prepare(backend, cfg, operator, partitions, to)
+        if work_dir is not None:
+            Path(work_dir).mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="statekeeper-repartition-", dir=work_dir) as tmp:
             return job.run(Path(tmp), workers or min(4, cfg.io_threads), progress, started)
     finally:
@@ -259,6 +265,7 @@ class _Job:
                 notify("restore", 0, self.old)
                 for parent in pool.map(rescale.restore_parent, range(self.old)):
                     parents[parent.partition] = parent
+                    _check_parent(parent, self.source, self.groups)
                     notify.step("restore", self.old)
                 restored = time.perf_counter()
                 notify("build", 0, self.new)
@@ -275,7 +282,8 @@ class _Job:
             operator=self.target, source=self.source, from_partitions=self.old,
             partitions=self.new, version=self.version,
             generation=after.rescales[self.target].generation, attempt=rescale.attempt,
-            state_bytes=sum(b.state for b in built),
+            state_bytes=sum(p.state_bytes for p in parents.values()),
+            new_store_bytes=sum(b.state for b in built),
             bytes_uploaded=sum(b.uploaded for b in built),
             bytes_reused=sum(b.reused for b in built),
             bytes_downloaded=sum(p.bytes_downloaded for p in parents.values()),
@@ -327,6 +335,29 @@ class _Notifier:
         with self._lock:
             self._done[phase] = self._done.get(phase, 0) + 1
             self(phase, self._done[phase], total)
+
+
+def _check_parent(parent: ParentCopy, operator: str, groups: int) -> None:
+    """Refuse a store holding keys that belong to no key group (keys the plain store API
+    wrote, say): moving key-group ranges would drop them.
+
+    Raises:
+        ConfigMismatchError: such a key, named.
+    """
+    where = f"store {operator}/{parent.partition}"
+    stray = next(parent.copy.scan(b"", after=group_prefix(groups)), None)
+    if stray is not None and stray[0] < b"\xff":
+        raise _refuse(
+            f"{where} holds key {stray[0][:40]!r}, outside the operator's {groups} key groups "
+            "(the first two bytes of a key are its key group): it was not written by the keyed "
+            "layer, and a repartition by key-group ranges would drop it"
+        )
+    for key, _ in parent.scan(b"\xff"):
+        if not key.startswith((GROUPED_TTL_INDEX, GROUPED_TIMER_INDEX)) and key != _EVENT_TIME_KEY:
+            raise _refuse(
+                f"{where} holds key {key[:40]!r} under 0xFF, which is neither a TTL or timer "
+                "index entry nor maxEventTimeMs: a repartition would not know its key group"
+            )
 
 
 def _record(db: rocksdict.Rdict) -> OperatorRecord | None:

@@ -105,7 +105,7 @@ def _print(console: Console, doc: dict[str, Any]) -> None:
     console.print(Text(f"{doc['root']}: repartitioned {moved}"))
     console.print(
         Text(
-            f"uploaded {human_bytes(doc['bytes_uploaded'])} ({share:.1%} of "
+            f"uploaded {human_bytes(doc['bytes_uploaded'])} ({share:.1%} of the state's "
             f"{human_bytes(doc['state_bytes'])}), reused {human_bytes(doc['bytes_reused'])} of "
             f"the old stores' blobs, {doc['keys_ingested']} keys written again, in "
             f"{doc['duration_s']:.2f} s"

@@ -40,7 +40,13 @@ from statekeeper.manifest import (
     read_newest_manifest,
     write_manifest,
 )
-from statekeeper.snapshot import SnapshotIndex, SnapshotMetrics, load_index, upload_snapshot
+from statekeeper.snapshot import (
+    SnapshotIndex,
+    SnapshotMetrics,
+    iter_files,
+    load_index,
+    upload_snapshot,
+)
 from statekeeper.storage import BlobStore
 from statekeeper.store._label import pack_label
 from statekeeper.store._restore import restore_copy
@@ -160,6 +166,14 @@ class ParentCopy:
     it was rebuilt from changelogs alone."""
     bytes_downloaded: int
 
+    @property
+    def state_bytes(self) -> int:
+        """The size of its files: its snapshot's (what children may reuse), else what its
+        restore downloaded."""
+        if self.index is None:
+            return self.bytes_downloaded
+        return sum(f.size_in_bytes for _, f in iter_files(self.index.dir_index))
+
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Its items whose key starts with ``prefix``, sorted (the label left out)."""
         return self.copy.scan(prefix)
@@ -202,7 +216,7 @@ class StoreRescale:
             root_id=self._meta.root_id,
             open_copy=lambda: WorkingCopy(
                 str(path), write_buffer_mb=cfg.write_buffer_mb, memory_mb=cfg.rocksdb_memory_mb,
-                checkpoint_interval_s=cfg.local_checkpoint_interval_s,
+                checkpoint_interval_s=cfg.local_checkpoint_interval_s, compactions=False,
             ),
         )  # fmt: skip
         index = None
@@ -227,7 +241,8 @@ class StoreRescale:
         opts = rocksdict.Options(raw_mode=True)
         opts.set_disable_auto_compactions(True)
         try:
-            return rocksdict.Rdict(str(path), opts)
+            # The default column family too: rocksdict would take the checkpoint's OPTIONS.
+            return rocksdict.Rdict(str(path), opts, column_families={"default": opts})
         except Exception as exc:  # rocksdict raises a bare Exception for every failure
             raise StateKeeperError(f"cannot open the new store's copy {path}: {exc}") from exc
 
