@@ -3,6 +3,8 @@ real local root, with TTL and timer index entries, the operator record and event
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from statekeeper.keyed._layout import (
 )
 from statekeeper.repartition import plan_parents, repartition
 from statekeeper.snapshot import SnapshotIndex, iter_files, referenced_blob_keys
-from statekeeper.store._root import DEFAULT_KEY_GROUPS
+from statekeeper.store import DEFAULT_KEY_GROUPS, Rescale
 
 G = DEFAULT_KEY_GROUPS
 OP = "counts"
@@ -257,3 +259,15 @@ def test_keys_outside_every_key_group_are_refused_not_dropped(tmp_path: Path) ->
     with pytest.raises(sk.ConfigMismatchError, match=r"holds key b'user-1', outside the"):
         repartition(root, "plain", partitions=2, config=config(tmp_path, "r"))
     assert (Path(root) / layout.ROOT_METADATA).read_bytes() == before
+
+
+def test_format_doc_shows_the_rescale_entry_as_the_root_writes_it(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[1] / "docs" / "format.md").read_text()
+    (block,) = re.findall(r"```jsonc\n(.*?)```", text, flags=re.S)
+    shown = json.loads(block)["operators"]["sessions"]
+    root, _ = build_root(tmp_path, 2, batches=1)
+    repartition(root, OP, partitions=3, config=config(tmp_path, "r"))
+    written = json.loads((Path(root) / layout.ROOT_METADATA).read_bytes())["operators"][OP]
+    assert set(shown) == set(written)
+    assert set(shown["rescale"]) == set(written["rescale"])
+    assert Rescale.from_json(shown["rescale"]).source == "sessions"
