@@ -7,10 +7,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from statekeeper.changelog import Columns
 from statekeeper.store import _label
 from statekeeper.store._label import decode_undo, encode_undo, pack_label, parse_label
 from statekeeper.store._working_copy import (
@@ -123,6 +125,115 @@ def test_labels_of_statekeeper_0_1_and_with_undo_parse() -> None:
     assert (label.version, label.dirty, label.root_id, label.attempt) == (3, True, ROOT, "A3")
     assert label.has_undo
     assert raw == record
+
+
+# -- the commit's write ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("deletes", [False, True])
+def test_columns_apply_as_their_pairs_do_with_the_same_undo_record(
+    tmp_path: Path, deletes: bool
+) -> None:
+    """A commit hands its encoded columns to the copy: the data, the label and the undo
+    record are those of applying the same changes as pairs."""
+    base = [(b"k%03d" % i, b"old%d" % i) for i in range(0, 40, 2)]
+    changes = [(b"k%03d" % i, None if deletes and i % 3 == 0 else b"new%d" % i) for i in range(30)]
+    copies = []
+    for name, form in (("pairs", changes), ("columns", Columns.of(changes))):
+        copy = WorkingCopy(
+            str(tmp_path / name), write_buffer_mb=1, memory_mb=64, checkpoint_interval_s=60
+        )
+        copy.apply(base, version=1, root_id=ROOT, attempt="A1")
+        copy.apply(form, version=2, root_id=ROOT, attempt="A2", undo=True)
+        copies.append(copy)
+    pairs, columns = copies
+    assert _items(columns) == _items(pairs)
+    expected = dict(base)
+    for key, value in changes:
+        if value is None:
+            expected.pop(key, None)
+        else:
+            expected[key] = value
+    assert _items(columns) == expected
+    assert (columns.version, columns.attempt, columns.can_step_back) == (2, "A2", True)
+    assert columns._raw_label() == pairs._raw_label()  # the same label and undo record
+    assert columns.step_back(version=1, attempt="A1")
+    assert _items(columns) == dict(base)
+    for copy in copies:
+        copy.close()
+
+
+def _ssts(copy: WorkingCopy) -> list[str]:
+    return [name for name in os.listdir(copy.path) if name.endswith(".sst")]
+
+
+def test_a_due_flush_runs_in_the_background_and_makes_the_version_durable(
+    tmp_path: Path,
+) -> None:
+    """The periodic flush is started, not waited for (the disk has room); it still writes
+    the version: a copy closed without flushing afterwards reopens at that version."""
+    copy = WorkingCopy(
+        str(tmp_path / "copy"), write_buffer_mb=16, memory_mb=64, checkpoint_interval_s=0
+    )
+    copy.apply([(b"a", b"1"), (b"b", b"2")], version=1, root_id=ROOT, attempt="A1")
+    assert _ssts(copy) == []
+    assert copy.flush_if_due()
+    deadline = time.monotonic() + 60
+    while not _ssts(copy) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _ssts(copy), "the background flush never wrote a table file"
+    copy.close(flush=False)
+    again = WorkingCopy(
+        str(tmp_path / "copy"), write_buffer_mb=16, memory_mb=64, checkpoint_interval_s=60
+    )
+    assert (again.version, _items(again)) == (1, {b"a": b"1", b"b": b"2"})
+    again.close()
+
+
+_COMPACTING = """
+import json, os, sys, time
+from statekeeper.store._working_copy import WorkingCopy
+copy = WorkingCopy(sys.argv[1], write_buffer_mb=1, memory_mb=64, checkpoint_interval_s=1e9)
+for version in range(1, 7):  # six level-0 files: beyond the compaction trigger (4)
+    copy.apply([(b"%06d" % k, os.urandom(100)) for k in range(5000)], version=version,
+               root_id="r" * 32, attempt="a")
+    copy.flush()
+nice = {}
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/stat") as fh:
+            stat = fh.read()
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        nice[comm] = int(stat[stat.rindex(")") + 2 :].split()[16])
+    if nice.get("rocksdb:low") == 19:
+        break
+    time.sleep(0.05)
+options = max(n for n in os.listdir(sys.argv[1]) if n.startswith("OPTIONS-"))
+with open(os.path.join(sys.argv[1], options)) as fh:
+    text = fh.read()
+copy.close()
+print(json.dumps({"nice": nice, "options": text}))
+"""
+
+
+def test_background_work_stays_off_the_commit_path(tmp_path: Path) -> None:
+    """RocksDB's compactions run at low CPU priority, its flushes at normal priority, and
+    the options RocksDB records say writes are not slowed before 48 level-0 files."""
+    out = subprocess.run(
+        [sys.executable, "-c", _COMPACTING, str(tmp_path / "copy")],
+        capture_output=True, text=True, check=True, timeout=180,
+    )  # fmt: skip
+    found = json.loads(out.stdout)
+    assert found["nice"].get("rocksdb:low") == 19, found["nice"]
+    assert found["nice"].get("rocksdb:high", 0) == 0, found["nice"]
+    options = found["options"]
+    for line in (
+        "level0_slowdown_writes_trigger=48",
+        "level0_stop_writes_trigger=96",
+        "max_write_buffer_number=4",
+    ):
+        assert line in options, line
 
 
 # -- the process's shared RocksDB memory ------------------------------------------------------
