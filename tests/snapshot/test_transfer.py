@@ -297,6 +297,38 @@ def test_upload_streams_with_bounded_parallelism(store: CountingStore, tmp_path:
     assert 2 <= store.max_in_flight <= 3
 
 
+def test_one_io_thread_transfers_in_the_calling_thread(
+    store: CountingStore, tmp_path: Path
+) -> None:
+    """``io_threads=1`` starts no pool thread: every put and get runs in the caller's thread
+    (one transfer at a time gains nothing from a thread hop), and a failure still surfaces."""
+    src = tmp_path / "src"
+    write(src / "000001.sst", os.urandom(300))
+    write(src / "MANIFEST-000001", os.urandom(50))
+    threads: set[str] = set()
+    store.before_put = lambda key: threads.add(threading.current_thread().name)
+    index, _ = upload(store, src, 1, chunk_size=64, io_threads=1)
+    assert threads == {threading.current_thread().name}
+    assert len(store.puts) > 5
+
+    seen: set[str] = set()
+    real_get = store.get
+
+    def get(key: str) -> bytes:
+        seen.add(threading.current_thread().name)
+        return real_get(key)
+
+    store.get = get  # type: ignore[method-assign]
+    key = layout.snapshot_index_key(OP, PART, 1)
+    restore_snapshot(store, index, tmp_path / "dst", io_threads=1, index_blob=key)
+    assert seen == {threading.current_thread().name}
+    assert contents(tmp_path / "dst") == contents(src)
+
+    store.inner.delete_many(store.file_blobs()[:1])
+    with pytest.raises(StateNotFoundError, match="is missing"):
+        restore_snapshot(store, index, tmp_path / "dst2", io_threads=1, index_blob=key)
+
+
 def test_upload_logs_one_info_line(
     store: CountingStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -15,7 +15,7 @@ import stat
 import time
 import uuid
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -28,6 +28,7 @@ from statekeeper.snapshot._files import crc32c_of_file, fsync_dir
 from statekeeper.snapshot._index import DirIndex, FileIndex, SnapshotIndex, iter_dirs
 from statekeeper.snapshot._rules import name_problem, offsets_problem
 from statekeeper.snapshot._transfer import check_transfer_args
+from statekeeper.storage import transfer_pool
 
 if TYPE_CHECKING:
     from statekeeper.storage import BlobStore
@@ -285,7 +286,7 @@ def _download_all(
     blobs: BlobStore, downloads: list[_Download], io_threads: int, index_blob: str
 ) -> None:
     keys = [key for d in downloads for key in d.keys]
-    with ThreadPoolExecutor(io_threads, thread_name_prefix="statekeeper-restore") as pool:
+    with transfer_pool(io_threads, "statekeeper-restore") as pool:
         fetcher = _Prefetch(pool, blobs, keys, io_threads)
         try:
             for d in downloads:
@@ -297,7 +298,7 @@ def _download_all(
 class _Prefetch:
     """Fetches blobs in order, at most ``limit`` ahead of the consumer (bounded memory)."""
 
-    def __init__(self, pool: ThreadPoolExecutor, blobs: BlobStore, keys: list[str], limit: int):
+    def __init__(self, pool: Executor, blobs: BlobStore, keys: list[str], limit: int):
         self._pool = pool
         self._blobs = blobs
         self._keys = keys

@@ -14,7 +14,7 @@ import stat
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +34,7 @@ from statekeeper.snapshot._index import (
     check_metadata,
     rebased,
 )
+from statekeeper.storage import transfer_pool
 
 if TYPE_CHECKING:
     from statekeeper.storage import BlobStore
@@ -303,7 +304,7 @@ def _refuse_existing(blobs: BlobStore, key: str, version: int) -> None:
 class _Window:
     """Runs transfers on a pool with at most ``limit`` in flight, raising the first failure."""
 
-    def __init__(self, pool: ThreadPoolExecutor, limit: int) -> None:
+    def __init__(self, pool: Executor, limit: int) -> None:
         self._pool = pool
         self._limit = limit
         self._pending: set[Future[None]] = set()
@@ -338,7 +339,7 @@ def _upload_added(
 ) -> dict[str, FileIndex]:
     """Upload every added file; returns their new entries by relative path."""
     uploaded: dict[str, FileIndex] = {}
-    with ThreadPoolExecutor(io_threads, thread_name_prefix="statekeeper-upload") as pool:
+    with transfer_pool(io_threads, "statekeeper-upload") as pool:
         window = _Window(pool, io_threads)
         try:
             for rel, path in diff.iter_added():

@@ -14,6 +14,7 @@ from urllib.parse import unquote, urlsplit
 from statekeeper.storage._checks import check_storage_options
 from statekeeper.storage._local import LocalBlobStore
 from statekeeper.storage._object import OBJECT_SCHEMES, ObjectBlobStore
+from statekeeper.storage._parallel import transfer_pool
 from statekeeper.storage._protocol import BlobMeta, BlobStore, StreamingBlobStore
 from statekeeper.storage._retry import RetryPolicy
 
@@ -26,6 +27,7 @@ __all__ = [
     "StreamingBlobStore",
     "open_blob_store",
     "put_stream",
+    "transfer_pool",
 ]
 
 _SUPPORTED = "a local path, file://, " + ", ".join(f"{scheme}://" for scheme in OBJECT_SCHEMES)

@@ -10,14 +10,45 @@ from __future__ import annotations
 import abc
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Any, ParamSpec, Self, TypeVar
 
-__all__ = ["ParallelTransfers", "check_data", "check_key", "check_prefix", "check_range"]
+__all__ = [
+    "ParallelTransfers",
+    "check_data",
+    "check_key",
+    "check_prefix",
+    "check_range",
+    "transfer_pool",
+]
 
 _A = TypeVar("_A")
 _R = TypeVar("_R")
+_P = ParamSpec("_P")
+
+
+class _InlineExecutor(Executor):
+    """Runs each task in the submitting thread: with one transfer at a time a pool thread
+    buys nothing and costs a thread start and two handoffs per transfer."""
+
+    def submit(self, fn: Callable[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_R]:
+        future: Future[_R] = Future()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - delivered by .result(), as a pool does
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+        return future
+
+
+def transfer_pool(io_threads: int, name: str) -> Executor:
+    """An executor for ``io_threads`` parallel transfers, as a context manager: a thread
+    pool, or for one transfer at a time the caller's own thread."""
+    if io_threads == 1:
+        return _InlineExecutor()
+    return ThreadPoolExecutor(io_threads, thread_name_prefix=name)
 
 
 def check_key(key: object) -> str:
@@ -210,6 +241,8 @@ class ParallelTransfers(abc.ABC):
         if len(args) == 1:
             # One transfer gains nothing from a thread hop.
             return [fn(args[0])]
+        if self._io_threads == 1:
+            return _run_inline(fn, args)
         pool = self._executor()
         futures: list[Future[_R]] = [pool.submit(fn, arg) for arg in args]
         # Wait for all before raising: a caller that retries or cleans up after an error
@@ -220,3 +253,17 @@ class ParallelTransfers(abc.ABC):
             if error is not None:
                 raise error
         return [future.result() for future in futures]
+
+
+def _run_inline(fn: Callable[[_A], _R], args: Sequence[_A]) -> list[_R]:
+    """``_run_all`` in the caller's thread: every item attempted, the first failure raised."""
+    results: list[Any] = []
+    error: BaseException | None = None
+    for arg in args:
+        try:
+            results.append(fn(arg))
+        except Exception as exc:  # noqa: BLE001 - raised below, after every item ran
+            error = error or exc
+    if error is not None:
+        raise error
+    return results

@@ -164,6 +164,7 @@ class StateBackend:
             open_copy=lambda: self._open_copy(
                 name, partition, step_back=(history, wanted, meta.root_id)
             ),
+            local_path=self.local_path(name, partition),
         )
         store = StateStore(
             blobs=self._blobs,
@@ -442,6 +443,7 @@ class StateBackend:
             version=version,
             root_id=root_id,
             open_copy=lambda: self._open_copy(name, partition),
+            local_path=self.local_path(name, partition),
         )
         return copy
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ from statekeeper.store._changelogs import (
     replay_changelog,
 )
 from statekeeper.store._state_store import RestoreInfo
-from statekeeper.store._working_copy import WorkingCopy
+from statekeeper.store._working_copy import WorkingCopy, copy_exists, forget_lineage
 
 __all__ = ["restore_copy"]
 
@@ -44,8 +45,14 @@ def restore_copy(
     version: int,
     root_id: str,
     open_copy: Callable[[], WorkingCopy],
+    local_path: str | None = None,
 ) -> tuple[WorkingCopy, RestoreInfo]:
     """Open the working copy and bring it to ``version``; the copy is returned open.
+
+    With ``local_path`` (the directory ``open_copy`` opens), a directory that holds no
+    database yet (a fresh host) is not opened first: a snapshot is restored straight into
+    it, so a restore from a snapshot opens RocksDB once instead of creating an empty
+    database only to close it again.
 
     Raises:
         StateNotFoundError: ``version`` is not restorable, or a blob it needs is missing.
@@ -55,21 +62,27 @@ def restore_copy(
     started = time.perf_counter()
     unusable: list[tuple[str, CorruptStateError | StateNotFoundError]] = []
     while True:
-        copy = open_copy()
+        copy = open_copy() if local_path is None or copy_exists(local_path) else None
         try:
-            local = copy.version
-            held = (local, copy.attempt) if local is not None and copy.root_id == root_id else None
+            local = None if copy is None else copy.version
+            held = (
+                (local, copy.attempt)
+                if copy is not None and local is not None and copy.root_id == root_id
+                else None
+            )
             plan = _plan(history, version, held, unusable)
             snap = _NO_SNAPSHOT
             if plan.base_kind == "snapshot":
                 try:
                     copy, snap = _from_snapshot(
-                        blobs, config, history, plan, copy, open_copy, root_id
+                        blobs, config, history, plan, (copy, local_path), open_copy, root_id
                     )
                 except (CorruptStateError, StateNotFoundError) as exc:
                     unusable.append((history.index_key(plan.base), exc))
                     history = _without_snapshot(history, plan.base, exc)
                     continue  # _from_snapshot removed the half-restored copy
+            elif copy is None:
+                copy = open_copy()
             elif plan.base_kind == "empty" and (copy.label is not None or copy.root_id):
                 _log.info(
                     "discarding local copy of %s/%s at version %s (dirty=%s, root %s): "
@@ -81,7 +94,8 @@ def restore_copy(
                 copy = open_copy()
             replayed_bytes = _replay(blobs, config, copy, plan, history, root_id)
         except BaseException:
-            copy.close(flush=False)
+            if copy is not None:
+                copy.close(flush=False)
             raise
         break
     info = RestoreInfo(
@@ -143,31 +157,42 @@ def _from_snapshot(
     config: StoreConfig,
     history: StoreHistory,
     plan: RestorePlan,
-    copy: WorkingCopy,
+    local: tuple[WorkingCopy | None, str | None],
     open_copy: Callable[[], WorkingCopy],
     root_id: str,
 ) -> tuple[WorkingCopy, RestoreMetrics]:
-    """Restore the snapshot into the copy's directory and reopen it.
+    """Restore the snapshot into the copy's directory (``local``: the open copy, or none
+    and its directory) and open it.
 
     On a missing or corrupt blob the half-restored copy is removed before raising.
     """
-    copy.set_lineage(None, 0)  # until the restore completes, the files are mixed
-    copy.close(flush=False)
+    copy, path = local
+    if copy is not None:
+        copy.close(flush=False)
+        path = copy.path
+    assert path is not None, "restore_copy passes the open copy or its directory"
+    forget_lineage(path)  # until the restore completes, the files are mixed
     try:
-        checkpoint_id, snap = _restore_snapshot(
-            blobs, config, history, plan, Path(copy.path), root_id
-        )
+        checkpoint_id, snap = _restore_snapshot(blobs, config, history, plan, Path(path), root_id)
     except (CorruptStateError, StateNotFoundError):
-        copy.destroy()
+        _remove_half_restored(copy, path)
         raise
-    copy = open_copy()
+    restored = open_copy()
     try:
-        _check_restored(copy, plan, root_id, history)
+        _check_restored(restored, plan, root_id, history)
     except CorruptStateError:
-        copy.destroy()
+        restored.destroy()
         raise
-    copy.set_lineage(checkpoint_id, plan.base)
-    return copy, snap
+    restored.set_lineage(checkpoint_id, plan.base)
+    return restored, snap
+
+
+def _remove_half_restored(copy: WorkingCopy | None, path: str) -> None:
+    if copy is not None:
+        copy.destroy()
+        return
+    shutil.rmtree(path, ignore_errors=True)
+    forget_lineage(path)
 
 
 def _restore_snapshot(
