@@ -73,12 +73,16 @@ def group_of(key: bytes) -> int | None:
     return int.from_bytes(key[:2], "big")
 
 
-def build_root(tmp: Path, partitions: int, *, batches: int = 3) -> tuple[str, dict[bytes, bytes]]:
-    """A root whose operator has ``partitions`` stores, snapshotted at version 2 and one
-    changelog after it; returns the root and every entry by key (per-store ones once)."""
-    root = str(tmp / "root")
+def build_root(
+    tmp: Path, partitions: int, *, batches: int = 3, uri: str | None = None,
+    options: dict[str, str] | None = None,
+) -> tuple[str, dict[bytes, bytes]]:  # fmt: skip
+    """A root (``uri``, or a folder under ``tmp``) whose operator has ``partitions`` stores,
+    snapshotted at version 2 and one changelog after it; returns the root and every entry by
+    key (per-store ones once)."""
+    root = uri or str(tmp / "root")
     everything: dict[bytes, bytes] = {}
-    with sk.StateBackend(root, config=config(tmp, "writer")) as backend:
+    with sk.StateBackend(root, config=config(tmp, "writer"), storage_options=options) as backend:
         for p in range(partitions):
             with backend.open(OP, p, partitions=partitions) as store:
                 for b in range(batches):
@@ -96,8 +100,10 @@ def build_root(tmp: Path, partitions: int, *, batches: int = 3) -> tuple[str, di
     return root, everything
 
 
-def state_of(root: str, tmp: Path, name: str, operator: str = OP) -> dict[int, dict[bytes, bytes]]:
-    with sk.StateBackend(root, config=config(tmp, name)) as backend:
+def state_of(
+    root: str, tmp: Path, name: str, operator: str = OP, options: dict[str, str] | None = None
+) -> dict[int, dict[bytes, bytes]]:
+    with sk.StateBackend(root, config=config(tmp, name), storage_options=options) as backend:
         count = backend.operators()[operator]
         assert count is not None
         out = {}
@@ -271,3 +277,19 @@ def test_format_doc_shows_the_rescale_entry_as_the_root_writes_it(tmp_path: Path
     assert set(shown) == set(written)
     assert set(shown["rescale"]) == set(written["rescale"])
     assert Rescale.from_json(shown["rescale"]).source == "sessions"
+
+
+@pytest.mark.s3
+def test_split_and_merge_on_s3(tmp_path: Path, s3_root: tuple[str, dict[str, str]]) -> None:
+    """On an object store (moto): create-only uploads, the root's compare-and-swap by etag,
+    and listings of the parents' files to check the blobs a new store reuses."""
+    uri, options = s3_root
+    root, everything = build_root(tmp_path, 2, uri=uri, options=options)
+    report = repartition(
+        root, OP, partitions=4, config=config(tmp_path, "r1"), storage_options=options
+    )
+    assert report.keys_ingested == 0
+    assert report.bytes_reused > 0  # the parents' SST blobs, named in place
+    check_layout(state_of(root, tmp_path, "read4", options=options), everything)
+    repartition(root, OP, partitions=3, config=config(tmp_path, "r2"), storage_options=options)
+    check_layout(state_of(root, tmp_path, "read3", options=options), everything)
