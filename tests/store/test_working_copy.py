@@ -232,6 +232,7 @@ def test_background_work_stays_off_the_commit_path(tmp_path: Path) -> None:
         "level0_slowdown_writes_trigger=48",
         "level0_stop_writes_trigger=96",
         "max_write_buffer_number=4",
+        "bytes_per_sync=1048576",
     ):
         assert line in options, line
 
