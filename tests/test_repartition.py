@@ -293,3 +293,27 @@ def test_split_and_merge_on_s3(tmp_path: Path, s3_root: tuple[str, dict[str, str
     check_layout(state_of(root, tmp_path, "read4", options=options), everything)
     repartition(root, OP, partitions=3, config=config(tmp_path, "r2"), storage_options=options)
     check_layout(state_of(root, tmp_path, "read3", options=options), everything)
+
+
+def test_a_commit_during_the_rescale_refuses_the_switch(tmp_path: Path) -> None:
+    """A query still running commits while the new stores are built: the switch is refused
+    (its commits would be lost) and the root is as it was."""
+    root, _ = build_root(tmp_path, 2, batches=1)
+    before = (Path(root) / layout.ROOT_METADATA).read_bytes()
+    committed = []
+
+    def meanwhile(phase: str, done: int, total: int) -> None:
+        if phase == "build" and done == 1 and not committed:
+            with (
+                sk.StateBackend(root, config=config(tmp_path, "query")) as backend,
+                backend.open(OP, 0) as store,
+            ):
+                store.put(group_prefix(5) + state_prefix("seen") + b"late", b"\x00y")
+                committed.append(store.commit().version)
+
+    with pytest.raises(
+        sk.CommitConflictError, match=r"newest versions went from \[1, 1\] to \[2, 1\]"
+    ):
+        repartition(root, OP, partitions=4, config=config(tmp_path, "r"), progress=meanwhile)
+    assert committed == [2]
+    assert (Path(root) / layout.ROOT_METADATA).read_bytes() == before

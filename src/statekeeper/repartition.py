@@ -50,7 +50,7 @@ import rocksdict
 from statekeeper import layout
 from statekeeper.config import StoreConfig
 from statekeeper.epochs import consistent_cut
-from statekeeper.errors import ConfigMismatchError, StateKeeperError
+from statekeeper.errors import CommitConflictError, ConfigMismatchError, StateKeeperError
 from statekeeper.history import StoreHistory
 from statekeeper.keyed._layout import (
     EVENT_TIME,
@@ -65,7 +65,13 @@ from statekeeper.keyed._layout import (
     ttl_prefix,
 )
 from statekeeper.storage import BlobStore
-from statekeeper.store import ParentCopy, StateBackend, StoreRescale
+from statekeeper.store import (
+    ParentCopy,
+    StateBackend,
+    StoreRescale,
+    finish_pending_rescale,
+    latest_versions,
+)
 
 __all__ = ["Progress", "RepartitionReport", "plan_parents", "repartition"]
 
@@ -197,6 +203,9 @@ class _Job:
     new: int
     groups: int
     version: int
+    latest: list[int]
+    """Each old store's newest version when the cut was read: if one moves, a query is
+    running on the operator, and the rescale would lose its commits."""
 
     @classmethod
     def prepare(
@@ -230,9 +239,8 @@ class _Job:
             to in meta.operators or backend.blobs.list(layout.operator_prefix(to))
         ):
             raise _refuse(f"operator {to!r} exists in the root: give a new operator name")
-        if meta.rescales.get(operator) is not None and meta.rescales[operator].pending:
-            backend.open(operator, 0).close()  # finishes the last rescale's manifests
         blobs = backend.blobs
+        finish_pending_rescale(blobs, operator, io_threads=cfg.io_threads)
         cut = consistent_cut(
             blobs, operator, old,
             lambda p: StoreHistory.load(blobs, operator, p, root_id=meta.root_id),
@@ -247,7 +255,8 @@ class _Job:
         version = versions.pop()
         if version == 0:
             raise _refuse(f"operator {operator!r} holds no committed state to repartition")
-        return cls(backend, cfg, operator, target, old, partitions, groups, version)
+        latest = latest_versions(blobs, meta.root_id, operator, old)
+        return cls(backend, cfg, operator, target, old, partitions, groups, version, latest)
 
     def run(
         self, work: Path, workers: int, progress: Progress | None, started: float
@@ -277,6 +286,13 @@ class _Job:
             for parent in parents.values():
                 parent.copy.close(flush=False)
         done = time.perf_counter()
+        now = latest_versions(self.backend.blobs, meta.root_id, self.source, self.old)
+        if now != self.latest:
+            raise CommitConflictError(
+                f"operator {self.source!r} was committed to while it was being rescaled (its "
+                f"stores' newest versions went from {self.latest} to {now}): is a query still "
+                "running on it? Stop it and run the repartition again; nothing was changed"
+            )
         after = rescale.commit(self.new)
         return RepartitionReport(
             operator=self.target, source=self.source, from_partitions=self.old,

@@ -43,7 +43,9 @@ def test_repartition_prints_the_report_as_json_and_for_people(tmp_path: Path) ->
     assert doc["root"].endswith("root")
     assert (doc["operator"], doc["source"]) == (OP, OP)
     assert (doc["from_partitions"], doc["partitions"], doc["version"]) == (4, 7, 3)
-    assert 0 < doc["bytes_uploaded"] < doc["state_bytes"]
+    assert doc["bytes_uploaded"] > 0
+    assert doc["bytes_reused"] > 0
+    assert doc["new_store_bytes"] == doc["bytes_uploaded"] + doc["bytes_reused"]
     check_layout(state_of(root, tmp_path, "read"), everything)
 
     result = run("repartition", root, OP, "--partitions", "2", "--to", "merged")

@@ -5,7 +5,12 @@ from __future__ import annotations
 from statekeeper.store._backend import StateBackend
 from statekeeper.store._changes import StoreChange, StoreChanges
 from statekeeper.store._export import ExportInfo
-from statekeeper.store._rescale import ParentCopy, StoreRescale
+from statekeeper.store._rescale import (
+    ParentCopy,
+    StoreRescale,
+    finish_pending_rescale,
+    latest_versions,
+)
 from statekeeper.store._root import DEFAULT_KEY_GROUPS, Rescale, Retention, RootMetadata
 from statekeeper.store._state_store import CommitInfo, RestoreInfo, StateStore
 from statekeeper.store._working_copy import remove_unused_copy
@@ -24,5 +29,7 @@ __all__ = [
     "StoreChange",
     "StoreChanges",
     "StoreRescale",
+    "finish_pending_rescale",
+    "latest_versions",
     "remove_unused_copy",
 ]

@@ -53,7 +53,14 @@ from statekeeper.store._restore import restore_copy
 from statekeeper.store._root import Rescale, RootMetadata, RootRegistry
 from statekeeper.store._working_copy import LABEL_KEY, WorkingCopy
 
-__all__ = ["ParentCopy", "StoreRescale", "complete_rescale", "rescaled_manifest"]
+__all__ = [
+    "ParentCopy",
+    "StoreRescale",
+    "complete_rescale",
+    "finish_pending_rescale",
+    "latest_versions",
+    "rescaled_manifest",
+]
 
 _TRIES = 10
 
@@ -153,6 +160,34 @@ def complete_rescale(
             )
         )
     return registry.finish_rescale(operator, rescale.generation)
+
+
+def finish_pending_rescale(blobs: BlobStore, operator: str, *, io_threads: int) -> None:
+    """Finish ``operator``'s last rescale if it died after its commit point (nothing to do
+    otherwise), without opening a store.
+
+    Raises:
+        CommitConflictError, CorruptStateError, StorageError: as :func:`complete_rescale`.
+    """
+    registry = RootRegistry(blobs)
+    meta = registry.read()
+    if meta is not None:
+        complete_rescale(blobs, registry, meta, operator, io_threads=io_threads)
+
+
+def latest_versions(blobs: BlobStore, root_id: str, operator: str, partitions: int) -> list[int]:
+    """The newest committed version of each store of ``operator`` (0 for one without).
+
+    Raises:
+        CorruptStateError: no manifest of some store is readable.
+        StorageError: the blob store failed.
+    """
+    found = []
+    for p in range(partitions):
+        history = StoreHistory.load(blobs, operator, p, root_id=root_id)
+        versions = history.restorable_versions()
+        found.append(versions[-1] if versions else 0)
+    return found
 
 
 @dataclass
