@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -185,3 +186,49 @@ def test_event_time_ttl_expires_by_the_watermark_in_partitions_without_input(
     assert state(4) == {"z": (z_partition, 41)}  # batch 3 (watermark 30 s) expired all u*
     metrics = [batch_metrics(str(root), "ttl", b) for b in range(4)]
     assert [m.expired for m in metrics if m is not None] == [0, 0, 0, len(keys)]
+
+
+class Expiring(StatefulProcessor):
+    """Counts each key's rows in a value state with a 2 s TTL in processing time."""
+
+    rows = "row"
+
+    def init(self, handle: Any) -> None:
+        self.count = handle.value_state("count", ttl=2)
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        self.count.update((self.count.get() or 0) + len(rows))
+        return iter(())
+
+
+@pytest.mark.spark
+@pytest.mark.usefixtures("_remember_by_value")
+def test_processing_time_ttl_expires_in_partitions_without_input(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """With time_mode="processing_time" every partition gets the batch clock (on the
+    heartbeats alone), so TTL expires where no row arrives too."""
+    keys = [f"u{i}" for i in range(12)]  # spread over the 4 partitions
+    root = tmp_path / "root"
+
+    def run(batches: list[list[tuple[str, int]]], start: int) -> None:
+        write_event_files(tmp_path / "in", batches, start=start)
+        out = transform_with_state(
+            _stream(spark, tmp_path / "in"), keys="k", processor=Expiring(),
+            output_schema=OUT, checkpoint=str(root), name="expiring", partitions=4,
+            time_mode="processing_time", config=StoreConfig(local_dir=str(tmp_path / "local")),
+        )  # fmt: skip
+        run_to_end(out, tmp_path / "sink", tmp_path / "cp")
+
+    run([[(k, 0) for k in [*keys, "z"]]], 0)
+    before = {r["k"]: r["partition"] for r in read_state(spark, str(root), "expiring", 1).collect()}
+    assert set(before) == {*keys, "z"}
+    idle = {before[k] for k in keys} - {before["z"]}
+    assert idle, "every key landed in z's partition: the test lost its point"
+    time.sleep(3)  # beyond the TTL of every entry written by batch 0
+    run([[("z", 1)]], 1)
+    after = read_state(spark, str(root), "expiring", 2).collect()
+    assert [(r["k"], r["value"]) for r in after] == [("z", "1")]  # z's entry expired too
+    metric = batch_metrics(str(root), "expiring", 1)
+    assert metric is not None
+    assert metric.expired == len(keys)  # z's expired entry was replaced by its new write

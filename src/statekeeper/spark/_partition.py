@@ -36,6 +36,7 @@ __all__ = [
     "Partitioning",
     "TaskInput",
     "collect",
+    "column_ref",
     "key_group_of",
     "peek_partition",
     "target_partition",
@@ -110,7 +111,7 @@ _LEGACY = Partitioning(0)
 def key_group_of(keys: list[str], key_groups: int) -> Column:
     """The key group of a row: ``pmod(hash(keys), G)``, Spark's Murmur3 of the key columns
     (so the key columns must have the same types wherever the same key must land)."""
-    return F.pmod(F.hash(*[F.col(_quote(k)) for k in keys]), F.lit(key_groups))
+    return F.pmod(F.hash(*[F.col(column_ref(k)) for k in keys]), F.lit(key_groups))
 
 
 def target_partition(partitioning: Partitioning) -> Column:
@@ -120,7 +121,8 @@ def target_partition(partitioning: Partitioning) -> Column:
     return F.expr(f"CAST((`{KEY_GROUP_COLUMN}` * {partitions}) div {groups} AS INT)")
 
 
-def _quote(name: str) -> str:
+def column_ref(name: str) -> str:
+    """``name`` quoted for ``F.col`` (a column name may hold dots or backticks)."""
     return "`" + name.replace("`", "``") + "`"
 
 
@@ -170,9 +172,11 @@ class TaskInput:
                 )
             self.partition = found
             if self.now_ms is None and ts_column is not None:
+                # On the heartbeats alone (null on data rows), or on every row (0.1 layout).
                 column = batch.column(ts_column)
-                raw = column.cast(pa.int64())[0].as_py()
-                self.now_ms = round(raw * _UNIT_MS[column.type.unit])
+                raw = pc.max(column.cast(pa.int64())).as_py()
+                if raw is not None:
+                    self.now_ms = round(raw * _UNIT_MS[column.type.unit])
             yield batch.drop_columns(dropped) if dropped else batch
 
 

@@ -1,19 +1,25 @@
 """Time modes on Spark: the batch clock in every partition, and the watermark's source.
 
-A timer must fire in every partition in every micro-batch, also in a partition that
-receives no row; with event time, every partition must also agree on the largest event
-time of the batch (the next batch's watermark derives from it, see
+A timer must fire, and a TTL entry expire, in every partition in every micro-batch, also in a
+partition that receives no row; with event time, every partition must also agree on the
+largest event time of the batch (the next batch's watermark derives from it, see
 :mod:`statekeeper.keyed._timers`). There is no driver-side hook on Spark Connect, so both
 travel **with the data**: an operator with a time mode inserts, before its shuffle, a
 ``mapInArrow`` that passes every row through and then emits one **heartbeat** row per state
 partition (key group = the first one the partition owns, every user column null except the
 event-time column, which holds the largest event time of that input task, and
 ``__statekeeper_heartbeat`` true). The shuffle routes heartbeats like any row, so every state
-partition receives one from every input task: it gets the batch timestamp (added after the
-shuffle, as for every row) even without data, and the batch's largest event time as the
-max over its heartbeats. Spark re-runs a batch over the same input, so a re-run sees the same
-heartbeats. The price: one pass of the input through Python before the shuffle, and
-``P`` rows per input task; an operator without a time mode has neither.
+partition receives one from every input task: it gets the batch timestamp, which is added
+after the shuffle on the heartbeats alone (:func:`batch_clock`), even without data, and the
+batch's largest event time as the max over its heartbeats. Spark re-runs a batch over the
+same input, so a re-run sees the same heartbeats. The price: one pass of the input through
+Python before the shuffle, and ``P`` rows per input task.
+
+An operator without a time mode has neither (a pass of every row through Python would tax
+the operators that need no clock): its timestamp is a column of every row, added after the
+shuffle, so a TTL without a time mode expires only in partitions with input. Spark refuses a
+TTL without ``TimeMode.ProcessingTime()``; we accept it for statekeeper 0.1's processors,
+and the handle warns once per state (:mod:`statekeeper.keyed._handles`).
 
 The task splits the heartbeats off before the processor sees the input. Each store records
 the running largest event time at commit, and batch ``b`` reads its watermark from version
@@ -28,7 +34,8 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -40,6 +47,7 @@ from statekeeper.spark._partition import Partitioning
 __all__ = [
     "HEARTBEAT_COLUMN",
     "TimeSpec",
+    "batch_clock",
     "refuse_legacy_time",
     "refuse_unused_timers",
     "split_heartbeats",
@@ -115,6 +123,18 @@ def refuse_legacy_time(metadata: Any, name: str, timing: TimeSpec) -> None:
         )
 
 
+def batch_clock(heartbeats: bool) -> Column:
+    """The micro-batch timestamp column, added after the shuffle: on the heartbeats alone
+    when the operator has them (every partition receives one), else on every row."""
+    now = F.current_timestamp()
+    return F.when(F.col(HEARTBEAT_COLUMN), now) if heartbeats else now
+
+
+def _partition_starts(partitions: int, groups: int) -> list[int]:
+    """The first key group of every partition that owns one."""
+    return [r.start for p in range(partitions) if (r := key_group_range(p, partitions, groups))]
+
+
 def with_heartbeats(df: DataFrame, *, timing: TimeSpec, partitioning: Partitioning) -> DataFrame:
     """``df`` (with its key-group column) plus one heartbeat per state partition and input
     task, see the module docstring.
@@ -157,7 +177,7 @@ def _beat_task(
 
 def _beats(schema: Any, column: str | None, top: int | None, partitions: int, groups: int) -> Any:
     """One heartbeat row per partition that owns a key group."""
-    starts = [r.start for p in range(partitions) if (r := key_group_range(p, partitions, groups))]
+    starts = _partition_starts(partitions, groups)
     n = len(starts)
     arrays = []
     for field in schema:
@@ -177,7 +197,7 @@ def _beats(schema: Any, column: str | None, top: int | None, partitions: int, gr
 def split_heartbeats(batch: Any, timing: TimeSpec) -> tuple[Any, int | None]:
     """One input batch without its heartbeats, and the largest event time they carry
     (``None``: none, or no event time); the batch's largest event time is the max over all."""
-    if timing.time_mode is None or HEARTBEAT_COLUMN not in batch.schema.names:
+    if HEARTBEAT_COLUMN not in batch.schema.names:
         return batch, None
     mask = pc.fill_null(batch.column(HEARTBEAT_COLUMN), False)
     if not pc.any(mask).as_py():

@@ -34,10 +34,12 @@ mapInArrow(task) -> repartitionById``:
   replaces an older attempt and a zombie task of an earlier run is refused. Speculative
   execution would run two live attempts of one task, so it is refused.
 
-TTL is measured with the micro-batch timestamp, which Spark substitutes for
-``current_timestamp()`` in streaming plans and records in its offset log: a re-run of batch
-``b`` sees the timestamp of its first run. The column is added after the shuffle, so it
-costs no shuffle bytes; it reaches the Python worker as one constant column.
+TTL and processing-time timers are measured with the micro-batch timestamp, which Spark
+substitutes for ``current_timestamp()`` in streaming plans and records in its offset log: a
+re-run of batch ``b`` sees the timestamp of its first run. It is added after the shuffle (no
+shuffle bytes): with a time mode on the heartbeat rows alone, which reach every state
+partition (:mod:`statekeeper.spark._time`), so TTL expires and timers fire in partitions
+without input too; without one, on every row.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -68,6 +70,7 @@ from statekeeper.spark._partition import (
     PART_COLUMN,
     TS_COLUMN,
     Partitioning,
+    column_ref,
     key_group_of,
     target_partition,
 )
@@ -76,6 +79,7 @@ from statekeeper.spark._tasks import TaskSpec, arrow_task, rows_task
 from statekeeper.spark._time import (
     HEARTBEAT_COLUMN,
     TimeSpec,
+    batch_clock,
     refuse_legacy_time,
     refuse_unused_timers,
     time_spec,
@@ -147,6 +151,13 @@ def transform_with_state(
     next micro-batch that has input (any input, in any partition), with the same watermark
     and output. A source that idles therefore delays timers: a query that must fire them on
     time needs input that keeps arriving.
+
+    **TTL in processing time** (``ttl=...``, the default clock): with a time mode, an entry
+    expires by the micro-batch timestamp in every partition, with or without input (the
+    timestamp rides on the heartbeats every partition receives). Without one (Spark refuses a
+    TTL there; statekeeper 0.1's processors used it) only partitions with input see the
+    timestamp: an expired entry is invisible wherever it is read, but deleted only in a
+    partition that receives rows, and each worker logs a warning once per such state.
 
     **TTL on event time** (statekeeper's own; Spark's TTL is processing time only): a state
     declared with ``ttl=..., ttl_on="event_time"`` in an operator with
@@ -220,9 +231,11 @@ def transform_with_state(
         spec = dataclasses.replace(spec, initial=staged)
     task = functools.partial(rows_task, spec, processor)
     if timing.time_mode is None:
-        return _plan(df, key_names, spec.partitioning, task, schema, with_ts=True)
-    with_beats = functools.partial(with_heartbeats, timing=timing, partitioning=spec.partitioning)
-    return _plan(df, key_names, spec.partitioning, task, schema, with_ts=True, before=with_beats)
+        return _plan(df, key_names, spec.partitioning, task, schema, clock=batch_clock(False))
+    beats = functools.partial(with_heartbeats, timing=timing, partitioning=spec.partitioning)
+    return _plan(
+        df, key_names, spec.partitioning, task, schema, clock=batch_clock(True), before=beats
+    )
 
 
 def transform_with_state_arrow(
@@ -264,7 +277,7 @@ def transform_with_state_arrow(
         lock_timeout_s, ts_column=None,
     )  # fmt: skip
     task = functools.partial(arrow_task, spec, fn)
-    return _plan(df, key_names, spec.partitioning, task, schema, with_ts=False)
+    return _plan(df, key_names, spec.partitioning, task, schema, clock=None)
 
 
 def _plan(
@@ -274,12 +287,13 @@ def _plan(
     task: Any,
     schema: T.StructType,
     *,
-    with_ts: bool,
+    clock: Column | None,
     before: Any = None,
 ) -> DataFrame:
-    """Shuffle by key group (or by the keys), tag rows with it, run, end the stage;
-    ``before(df)`` is applied to the tagged input before the shuffle (heartbeats)."""
-    keys = [F.col(_quote(k)) for k in key_names]
+    """Shuffle by key group (or by the keys), tag rows with it, add the batch ``clock``
+    column (if any) after the shuffle, run, end the stage; ``before(df)`` is applied to the
+    tagged input before the shuffle (heartbeats)."""
+    keys = [F.col(column_ref(k)) for k in key_names]
     partitions, groups = partitioning.partitions, partitioning.key_groups
     if groups is None:
         shuffled = df.repartition(partitions, *keys)
@@ -290,15 +304,11 @@ def _plan(
         if before is not None:
             grouped = before(grouped)
         tagged = grouped.repartitionById(partitions, target_partition(partitioning))
-    if with_ts:
-        tagged = tagged.withColumn(TS_COLUMN, F.current_timestamp())
+    if clock is not None:
+        tagged = tagged.withColumn(TS_COLUMN, clock)
     out = tagged.mapInArrow(task, schema)
     # A stage boundary that keeps rows in place: see the module docstring.
     return out.repartitionById(partitions, F.spark_partition_id())
-
-
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _check_input(df: DataFrame, keys: str | Sequence[str]) -> list[str]:
