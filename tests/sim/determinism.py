@@ -33,6 +33,7 @@ from tests.sim.scheduler import DeterminismError, Sim
 __all__ = ["deterministic_rocksdb", "seeded_uuids", "settle"]
 
 _L0_COMPACTION_TRIGGER = 4  # RocksDB's default level0_file_num_compaction_trigger
+_NEVER = 1 << 30
 
 
 @contextlib.contextmanager
@@ -65,6 +66,12 @@ def deterministic_rocksdb() -> Iterator[None]:
     def options(*args: Any, **kwargs: Any) -> Any:
         opts = original(*args, **kwargs)
         opts.set_disable_auto_compactions(True)
+        # ``WorkingCopy`` sets ``disable_auto_compactions`` again after this (off only for a
+        # rescale's parent), so that alone let RocksDB compact level 0 on its own thread
+        # once a checkpoint flushed the fourth file: a seed's snapshot then uploaded one
+        # file or five, depending on the race. No level-0 file count triggers a compaction
+        # (the stall triggers follow it up: RocksDB keeps them at or above it).
+        opts.set_level_zero_file_num_compaction_trigger(_NEVER)
         # Speed only: every open starts this many threads (16 by default; strace shows 15
         # clones per open) to load table handles, which costs more than opening the few files
         # of a sim's copies in the calling thread; they are opened all the same.
