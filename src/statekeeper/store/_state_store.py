@@ -19,6 +19,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TypeVar
@@ -41,8 +42,9 @@ from statekeeper.metrics import CommitMetrics, from_commit
 from statekeeper.snapshot import SnapshotMetrics
 from statekeeper.storage import BlobStore, put_stream
 from statekeeper.store._changelogs import changelog_parts, prefix_length
+from statekeeper.store._overlap import prepare_in_background, settle
 from statekeeper.store._snapshots import SnapshotJob, Snapshotter, write_metrics_quietly
-from statekeeper.store._working_copy import DamagedCopyError, WorkingCopy
+from statekeeper.store._working_copy import DamagedCopyError, PreparedWrite, WorkingCopy
 
 __all__ = ["CommitInfo", "RestoreInfo", "StateStore"]
 
@@ -77,8 +79,9 @@ class CommitInfo:
     """Where ``duration_s`` went, in milliseconds, by phase: ``encode`` (sorting and
     framing the changes), ``compress``, ``checksum``, ``upload`` (blob-store writes of the
     changelog and the manifest, their fsyncs excluded), ``fsync`` (local root only),
-    ``apply`` (the RocksDB write of the working copy) and ``other`` (the rest), which add
-    up to ``duration_s``; a snapshot-mode commit reports ``snapshot`` for its upload. Every
+    ``apply`` (the RocksDB write of the working copy; a one-part commit's write batch is
+    built on a helper thread while the changelog uploads, and counts in no phase) and
+    ``other`` (the rest), which add up to ``duration_s``; a snapshot-mode commit reports ``snapshot`` for its upload. Every
     ``metrics_every`` commits, ``metrics`` is the write of the buffered commit metrics,
     which follows the recorded duration (a commit cannot record its own recording)."""
 
@@ -415,21 +418,29 @@ class StateStore:
 
         key = layout.attempt_changelog_key(self._operator, self._partition, new_version, attempt)
         parts = encode()
+        # One part (nearly every commit): its write batch is built while the changelog is
+        # compressed and uploaded; only the write waits for the commit point (_overlap).
+        prepared = prepare_in_background(self._copy, columns) if parts.count == 1 else None
         try:
-            size = self._upload_changelog(key, parts, encode)
-        except CommitConflictError:
-            # The name is this attempt's own: an earlier try of this commit wrote it (the
-            # same changes: any change since makes a new attempt).
-            _log.info("changelog %s was written by an earlier try of this commit", key)
-            size = 0
-        with phases.phase("upload"):
-            adopted = self._publish(new_version, attempt, order, "changelog", key, columns)
+            try:
+                size = self._upload_changelog(key, parts, encode)
+            except CommitConflictError:
+                # The name is this attempt's own: an earlier try of this commit wrote it
+                # (the same changes: any change since makes a new attempt).
+                _log.info("changelog %s was written by an earlier try of this commit", key)
+                size = 0
+            with phases.phase("upload"):
+                adopted = self._publish(new_version, attempt, order, "changelog", key, columns)
+        except BaseException:
+            if prepared is not None:
+                settle(prepared)
+            raise
         slices = None
         if parts.count > 1:  # as the changelog is written: a part at a time
             slices = [
                 (start, stop) for start, stop, _ in columns.split(self._config.changelog_part_bytes)
             ]
-        self._apply_locally(columns, new_version, adopted or attempt, slices)
+        self._apply_locally(columns, new_version, adopted or attempt, slices, prepared)
         return key, size
 
     def _upload_changelog(
@@ -462,12 +473,14 @@ class StateStore:
         version: int,
         attempt: str,
         slices: list[tuple[int, int]] | None = None,
+        prepared: Future[PreparedWrite] | None = None,
     ) -> None:
         """Apply a committed version to the working copy (with the undo record that steps
-        it back), and flush if due. With ``slices`` (a commit of several changelog parts)
-        each slice of ``columns`` is its own write, so RocksDB holds one slice's batch at a
-        time; the copy is labelled dirty until the last (a crash in between leaves a copy
-        no open trusts, never a mix labelled as a version).
+        it back), and flush if due: the batch ``prepared`` while uploading, if given. With
+        ``slices`` (a commit of several changelog parts) each slice of ``columns`` is its
+        own write, so RocksDB holds one slice's batch at a time; the copy is labelled dirty
+        until the last (a crash in between leaves a copy no open trusts, never a mix
+        labelled as a version).
 
         Raises:
             StateKeeperError: the local write failed (a full disk, a damaged copy): the
@@ -480,6 +493,12 @@ class StateStore:
             self._job.ensure_checkpoint()
         try:
             with phases.phase("apply"):
+                if prepared is not None:
+                    self._copy.write(
+                        prepared.result(), version=version, root_id=self._root_id,
+                        attempt=attempt,
+                    )  # fmt: skip
+                    slices = []
                 for i, (start, stop) in enumerate(slices):
                     self._copy.apply(
                         columns if len(slices) == 1 else columns.slice(start, stop),

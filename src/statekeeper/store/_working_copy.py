@@ -32,6 +32,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import rocksdict
 
@@ -205,6 +206,17 @@ def _options(*, write_buffer_mb: int, memory_mb: int) -> rocksdict.Options:
     table.set_pin_l0_filter_and_index_blocks_in_cache(True)
     opts.set_block_based_table_factory(table)
     return opts
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedWrite:
+    """Changes as a RocksDB write batch, not yet written (:meth:`WorkingCopy.prepare`)."""
+
+    batch: rocksdict.WriteBatch
+    undo: bytes | None
+    """The undo record of the changes against ``parent``, if one is kept."""
+    parent: Label | None
+    """The copy's label when the batch was prepared."""
 
 
 class WorkingCopy:
@@ -428,10 +440,8 @@ class WorkingCopy:
         undo: bool = False,
     ) -> None:
         """Apply puts (value) and deletes (``None``) and label the copy ``version`` of
-        ``attempt``, atomically.
+        ``attempt``, atomically: :meth:`prepare`, then :meth:`write`.
 
-        ``changes`` are ``(key, value)`` pairs, or the :class:`Columns` a commit encoded
-        (keys unique, as a commit's are: then puts and deletes need not interleave).
         With ``dirty`` the copy is also marked as holding a version not yet durable in the
         blob store, until :meth:`mark_clean`. With ``undo`` (a commit on top of the labelled
         version) the label also keeps the old values of the changed keys, so that
@@ -441,6 +451,23 @@ class WorkingCopy:
             DamagedCopyError: reading the old values failed.
             StateKeeperError: RocksDB failed the write; the copy keeps its previous version.
         """
+        prepared = self.prepare(changes, undo=undo)
+        self.write(prepared, version=version, root_id=root_id, attempt=attempt, dirty=dirty)
+
+    def prepare(
+        self, changes: Iterable[tuple[bytes, bytes | None]] | Columns, *, undo: bool = False
+    ) -> PreparedWrite:
+        """The write batch of ``changes``, and with ``undo`` their undo record against the
+        labelled version, built but not written: nothing changes until :meth:`write`. May
+        run on another thread than the one that writes, while nothing else writes.
+
+        ``changes`` are ``(key, value)`` pairs (value ``None``: a delete; a key may
+        repeat, the last wins), or the :class:`Columns` a commit encoded (keys unique, as a
+        commit's are: then puts and deletes need not interleave).
+
+        Raises:
+            DamagedCopyError: reading the old values failed.
+        """
         batch = rocksdict.WriteBatch(raw_mode=True)
         if isinstance(changes, Columns):
             keys = changes.keys
@@ -449,10 +476,36 @@ class WorkingCopy:
             pairs = list(changes)
             keys = [key for key, _ in pairs] if undo else []
             _fill_pairs(batch, pairs)
-        record = self._undo_record(keys) if undo else None
-        label = pack_label(version, dirty=dirty, root_id=root_id, attempt=attempt, undo=record)
-        batch.put(LABEL_KEY, label)
-        self._write(batch, parse_label(label)[0])
+        parent = self._label
+        return PreparedWrite(batch, self._undo_record(keys) if undo else None, parent)
+
+    def write(
+        self,
+        prepared: PreparedWrite,
+        *,
+        version: int,
+        root_id: str,
+        attempt: str,
+        dirty: bool = False,
+    ) -> None:
+        """Write a :meth:`prepare`-d batch with the label of ``version`` of ``attempt`` (and
+        its undo record) in the same write: atomically. A batch prepared against another
+        label than the copy's is refused (its undo record would step back elsewhere).
+
+        Raises:
+            StateKeeperError: RocksDB failed the write (the copy keeps its previous
+                version), or the copy was written since the batch was prepared.
+        """
+        if prepared.parent is not self._label:
+            raise StateKeeperError(
+                f"the local working copy {self.path} was written after this batch was "
+                "prepared: prepare it again"
+            )
+        label = pack_label(
+            version, dirty=dirty, root_id=root_id, attempt=attempt, undo=prepared.undo
+        )
+        prepared.batch.put(LABEL_KEY, label)
+        self._write(prepared.batch, parse_label(label)[0])
         self._flush_if_over_share()
 
     def _flush_if_over_share(self) -> None:
