@@ -8,11 +8,13 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from statekeeper.changelog import Columns
+from statekeeper.errors import StateKeeperError
 from statekeeper.store import _label
 from statekeeper.store._label import decode_undo, encode_undo, pack_label, parse_label
 from statekeeper.store._working_copy import (
@@ -161,6 +163,27 @@ def test_columns_apply_as_their_pairs_do_with_the_same_undo_record(
     assert _items(columns) == dict(base)
     for copy in copies:
         copy.close()
+
+
+def test_a_batch_prepared_on_another_thread_writes_once_and_never_after_another_write(
+    tmp_path: Path,
+) -> None:
+    """A commit prepares its batch on a helper thread while it uploads; the write takes it
+    with the new label. A batch prepared before another write is refused: its undo record
+    describes a step from a label the copy no longer has."""
+    copy = _copy(tmp_path)
+    copy.apply([(b"a", b"1")], version=1, root_id=ROOT, attempt="A1")
+    with ThreadPoolExecutor(1) as pool:
+        prepared = pool.submit(copy.prepare, Columns.of([(b"a", b"2"), (b"b", b"2")]), undo=True)
+        stale = pool.submit(copy.prepare, [(b"c", b"3")], undo=True).result()
+        copy.write(prepared.result(), version=2, root_id=ROOT, attempt="A2")
+    assert (copy.version, copy.attempt, _items(copy)) == (2, "A2", {b"a": b"2", b"b": b"2"})
+    with pytest.raises(StateKeeperError, match="was written after this batch was prepared"):
+        copy.write(stale, version=3, root_id=ROOT, attempt="A3")
+    assert (copy.version, _items(copy)) == (2, {b"a": b"2", b"b": b"2"})
+    assert copy.step_back(version=1, attempt="A1")
+    assert _items(copy) == {b"a": b"1"}
+    copy.close()
 
 
 def _ssts(copy: WorkingCopy) -> list[str]:
