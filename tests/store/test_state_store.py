@@ -257,3 +257,31 @@ def test_register_operators_and_local_path(backend: sk.StateBackend, tmp_path: P
         store.put(b"k", b"v")
         store.commit()
     assert Path(path).is_dir()
+
+
+def test_put_many_is_put_pair_by_pair_and_refuses_a_bad_pair_whole(
+    backend: sk.StateBackend,
+) -> None:
+    """Bulk writes check every pair at once: the same state as ``put`` one by one (a later
+    pair wins, views become bytes), and one bad pair anywhere puts nothing."""
+    pairs = [(b"a", b"1"), (b"b", memoryview(b"22")), (b"c", bytearray(b"3")), (b"a", b"4")]
+    with backend.open("op", partition=0) as store:
+        assert store.multi_get([b"a", b"zz"]) == [None, None]  # nothing pending yet
+        store.put_many(iter(pairs))
+        assert store.multi_get([b"a", b"b", b"c", b"zz"]) == [b"4", b"22", b"3", None]
+        assert all(type(v) is bytes for _, v in store.scan())
+        for bad, error in [
+            ((b"", b"v"), ValueError),
+            (("k", b"v"), TypeError),
+            ((b"k", "v"), TypeError),
+            ((b"k",), ValueError),
+        ]:
+            with pytest.raises(error):
+                store.put_many([(b"x", b"1"), bad, (b"y", b"2")])  # type: ignore[list-item]
+        with pytest.raises(TypeError, match="must be bytes"):
+            store.multi_get([b"a", "b"])  # type: ignore[list-item]
+        assert store.multi_get([b"x", b"y"]) == [None, None]
+        store.put_many([])
+        store.commit()
+    with backend.open("op", partition=0) as store:
+        assert dict(store.scan()) == {b"a": b"4", b"b": b"22", b"c": b"3"}

@@ -129,10 +129,11 @@ class PartitionStore:
         self._store.delete(key)
 
     def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
-        """Put every (key, value) pair.
+        """Put every (key, value) pair: :meth:`StateStore.put_many`, whose checks run once
+        over all pairs, as the key-group check here does (no Python call per pair).
 
         Raises:
-            TypeError, ValueError: as :meth:`StateStore.put`.
+            TypeError, ValueError: as :meth:`StateStore.put_many` (then nothing is put).
             StateKeeperError: with key groups, a key does not start with one this partition
                 owns (then nothing is put).
         """
@@ -148,9 +149,7 @@ class PartitionStore:
             if not inside:
                 for key, _ in pairs:
                     self._check(key)
-        put = self._store.put
-        for key, value in pairs:
-            put(key, value)
+        self._store.put_many(pairs)
 
     def delete_many(self, keys: Iterable[bytes]) -> None:
         """Delete every key."""

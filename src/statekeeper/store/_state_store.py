@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import operator
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -201,8 +202,10 @@ class StateStore:
             StateKeeperError: the store is closed or failed.
         """
         self._check_open()
-        keys = [_as_key(k) for k in keys]
+        keys = _as_keys(keys)
         pending = self._pending
+        if not pending:
+            return self._read(lambda copy: copy.multi_get(keys))
         missing = [k for k in keys if k not in pending]
         values = self._read(lambda copy: copy.multi_get(missing))
         found = dict(zip(missing, values, strict=True))
@@ -286,6 +289,33 @@ class StateStore:
         self._pending[key] = value
         # Changes after a failed commit make a new attempt: the failed one's blobs may
         # have landed, and must never be taken for these changes.
+        self._attempt = None
+
+    def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
+        """:meth:`put` every (key, value) pair, in order; the checks run once over all of
+        them (no Python call per pair), so bulk writes cost what the dictionary costs.
+
+        Raises:
+            TypeError, ValueError: as :meth:`put`, for any pair (then nothing is put).
+            StateKeeperError: the store is closed or failed.
+        """
+        self._check_open()
+        pairs = items if isinstance(items, list) else list(items)
+        if not pairs:
+            return
+        if set(map(len, pairs)) != {2}:
+            raise ValueError("put_many takes (key, value) pairs")
+        keys = _as_keys(list(map(operator.itemgetter(0), pairs)))
+        values = list(map(operator.itemgetter(1), pairs))
+        if set(map(type, values)) != {bytes}:
+            for value in values:
+                if not isinstance(value, bytes | bytearray | memoryview):
+                    raise TypeError(f"value must be bytes, got {type(value).__name__}")
+            values = [bytes(v) for v in values]
+        longest = max(map(len, values))
+        if longest > _MAX_LEN:
+            raise ValueError(f"value must be shorter than 2 GiB, got {longest} bytes")
+        self._pending.update(zip(keys, values, strict=True))
         self._attempt = None
 
     def delete(self, key: bytes) -> None:
@@ -748,6 +778,15 @@ def _check_order(order: object) -> Order:
             f"task attempt), got {order!r}"
         )
     return order
+
+
+def _as_keys(keys: Iterable[object]) -> list[bytes]:
+    """:func:`_as_key` of each key; plain bytes of allowed lengths are checked in bulk."""
+    keys = keys if isinstance(keys, list) else list(keys)
+    lengths = list(map(len, keys)) if keys and set(map(type, keys)) == {bytes} else None
+    if lengths and min(lengths) > 0 and max(lengths) <= _MAX_LEN:
+        return keys  # type: ignore[return-value]
+    return [_as_key(k) for k in keys]
 
 
 def _as_key(key: object) -> bytes:
