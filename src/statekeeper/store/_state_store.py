@@ -82,9 +82,10 @@ class CommitInfo:
     changelog and the manifest, their fsyncs excluded), ``fsync`` (local root only),
     ``apply`` (the RocksDB write of the working copy; a one-part commit's write batch is
     built on a helper thread while the changelog uploads, and counts in no phase) and
-    ``other`` (the rest), which add up to ``duration_s``; a snapshot-mode commit reports ``snapshot`` for its upload. Every
-    ``metrics_every`` commits, ``metrics`` is the write of the buffered commit metrics,
-    which follows the recorded duration (a commit cannot record its own recording)."""
+    ``other`` (the rest), which add up to ``duration_s``; a snapshot-mode commit reports
+    ``snapshot`` for its upload. Every ``metrics_every`` commits, ``metrics`` is the write
+    of the buffered commit metrics, which follows the recorded duration (a commit cannot
+    record its own recording)."""
 
 
 @dataclass(frozen=True)
