@@ -195,22 +195,3 @@ def test_visited_keys_read_each_touched_state_with_one_multi_get_per_window(
     assert count.get() == 2
     handle.set_key(keys[1])
     assert count.get() == 1
-
-
-def test_a_ttl_without_a_time_mode_warns_once_per_state(
-    store: StateStore, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Without a time mode no heartbeat brings the batch clock to partitions without input,
-    so their expired entries are never deleted there: the handle says so, once per state."""
-    caplog.set_level("WARNING", logger="statekeeper.keyed._handles")
-    for _ in range(2):
-        at(store, 0).value_state("warned", ttl=10)
-    clocked = StatefulProcessorHandle(
-        store, now_ms=0, batch_id=store.version, partition=0, time_mode="processing_time"
-    )
-    clocked.value_state("clocked", ttl=10)
-    at(store, 0).value_state("no_ttl")
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 1
-    assert "'warned'" in warnings[0]
-    assert "time_mode='processing_time'" in warnings[0]

@@ -1,4 +1,4 @@
-"""Timers and event time on Spark: timers fire in partitions without input, late rows are
+"""Timers, event time and TTL on Spark: timers fire in partitions without input, late rows are
 dropped, a restart on an empty local dir keeps every timer, event-time TTL expires entries by
 the watermark in partitions without input; bad arguments fail early."""
 
@@ -189,7 +189,8 @@ def test_event_time_ttl_expires_by_the_watermark_in_partitions_without_input(
 
 
 class Expiring(StatefulProcessor):
-    """Counts each key's rows in a value state with a 2 s TTL in processing time."""
+    """Counts each key's rows in a value state with a 2 s TTL in processing time (in an
+    operator without a time mode: Spark refuses that, we allow it)."""
 
     rows = "row"
 
@@ -206,8 +207,8 @@ class Expiring(StatefulProcessor):
 def test_processing_time_ttl_expires_in_partitions_without_input(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    """With time_mode="processing_time" every partition gets the batch clock (on the
-    heartbeats alone), so TTL expires where no row arrives too."""
+    """Every partition gets the batch clock (on the heartbeats alone), so TTL expires where
+    no row arrives too, also in an operator without a time mode (issue 12 item 6)."""
     keys = [f"u{i}" for i in range(12)]  # spread over the 4 partitions
     root = tmp_path / "root"
 
@@ -216,7 +217,7 @@ def test_processing_time_ttl_expires_in_partitions_without_input(
         out = transform_with_state(
             _stream(spark, tmp_path / "in"), keys="k", processor=Expiring(),
             output_schema=OUT, checkpoint=str(root), name="expiring", partitions=4,
-            time_mode="processing_time", config=StoreConfig(local_dir=str(tmp_path / "local")),
+            config=StoreConfig(local_dir=str(tmp_path / "local")),
         )  # fmt: skip
         run_to_end(out, tmp_path / "sink", tmp_path / "cp")
 

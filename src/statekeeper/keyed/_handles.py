@@ -30,7 +30,6 @@ the commit). Codec methods and TTL choices are bound once per state, not looked 
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -62,7 +61,6 @@ from statekeeper.store import StateStore
 
 __all__ = ["ListState", "MapState", "StatefulProcessorHandle", "ValueState"]
 
-_log = logging.getLogger(__name__)
 
 _S = TypeVar("_S", bound="_State")
 _WINDOW = 2048
@@ -364,8 +362,6 @@ class StatefulProcessorHandle:
                 f"state {name!r}: ttl_on must be 'processing_time' or 'event_time', got {ttl_on!r}"
             )
         if ttl_on == "processing_time":
-            if ttl is not None and self._time_mode is None:
-                _warn_ttl_without_clock(name)
             return
         if ttl is None:
             raise ValueError(
@@ -591,21 +587,3 @@ class StatefulProcessorHandle:
         if self._now_ms is None:
             raise StateKeeperError("the micro-batch timestamp is unknown: TTL cannot be applied")
         return self._now_ms
-
-
-_WARNED_TTL: set[str] = set()
-
-
-def _warn_ttl_without_clock(name: str) -> None:
-    """Once per state name and process: a TTL in an operator without a time mode expires
-    only in partitions that receive input (no heartbeat brings them the batch clock)."""
-    if name in _WARNED_TTL:
-        return
-    _WARNED_TTL.add(name)
-    _log.warning(
-        "state %r has a ttl, but the operator has time_mode=None: its entries are invisible "
-        "once expired, yet deleted only in partitions that receive input; pass "
-        "time_mode='processing_time' to transform_with_state to expire them in every "
-        "partition every micro-batch (Spark requires that mode for a TTL)",
-        name,
-    )

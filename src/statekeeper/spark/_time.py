@@ -1,25 +1,26 @@
-"""Time modes on Spark: the batch clock in every partition, and the watermark's source.
+"""The batch clock in every partition, and the watermark's source.
 
-A timer must fire, and a TTL entry expire, in every partition in every micro-batch, also in a
+TTL entries must expire, and timers fire, in every partition in every micro-batch, also in a
 partition that receives no row; with event time, every partition must also agree on the
 largest event time of the batch (the next batch's watermark derives from it, see
 :mod:`statekeeper.keyed._timers`). There is no driver-side hook on Spark Connect, so both
-travel **with the data**: an operator with a time mode inserts, before its shuffle, a
-``mapInArrow`` that passes every row through and then emits one **heartbeat** row per state
-partition (key group = the first one the partition owns, every user column null except the
-event-time column, which holds the largest event time of that input task, and
-``__statekeeper_heartbeat`` true). The shuffle routes heartbeats like any row, so every state
-partition receives one from every input task: it gets the batch timestamp, which is added
-after the shuffle on the heartbeats alone (:func:`batch_clock`), even without data, and the
-batch's largest event time as the max over its heartbeats. Spark re-runs a batch over the
-same input, so a re-run sees the same heartbeats. The price: one pass of the input through
-Python before the shuffle, and ``P`` rows per input task.
+travel **with the data**: every operator with key groups (all that statekeeper 0.2 and later
+create) inserts, before its shuffle, a ``mapInArrow`` that passes every row through and then
+emits one **heartbeat** row per state partition (key group = the first one the partition
+owns, every user column null except the event-time column, which holds the largest event
+time of that input task, and ``__statekeeper_heartbeat`` true). The shuffle routes heartbeats
+like any row, so every state partition receives one from every input task: it gets the batch
+timestamp, which is added after the shuffle on the heartbeats alone (:func:`batch_clock`),
+even without data, and the batch's largest event time as the max over its heartbeats. Spark
+re-runs a batch over the same input, so a re-run sees the same heartbeats.
 
-An operator without a time mode has neither (a pass of every row through Python would tax
-the operators that need no clock): its timestamp is a column of every row, added after the
-shuffle, so a TTL without a time mode expires only in partitions with input. Spark refuses a
-TTL without ``TimeMode.ProcessingTime()``; we accept it for statekeeper 0.1's processors,
-and the handle warns once per state (:mod:`statekeeper.keyed._handles`).
+The price is one pass of the input through Python before the shuffle, and ``P`` rows per
+input task, in every operator of the row and pandas forms, with or without a time mode: the
+plan is built before the processor declares its states, so whether it uses a TTL is not
+known. (A heartbeat made in the JVM instead, from each input task's first row, is out of
+reach: Spark refuses ``monotonically_increasing_id`` in streaming plans.) The vectorized form
+has no TTL or timers and no heartbeats. An operator of statekeeper 0.1 (no key groups)
+cannot address a partition by key group: it has none, and its rows carry the timestamp.
 
 The task splits the heartbeats off before the processor sees the input. Each store records
 the running largest event time at commit, and batch ``b`` reads its watermark from version

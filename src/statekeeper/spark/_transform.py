@@ -37,9 +37,9 @@ mapInArrow(task) -> repartitionById``:
 TTL and processing-time timers are measured with the micro-batch timestamp, which Spark
 substitutes for ``current_timestamp()`` in streaming plans and records in its offset log: a
 re-run of batch ``b`` sees the timestamp of its first run. It is added after the shuffle (no
-shuffle bytes): with a time mode on the heartbeat rows alone, which reach every state
-partition (:mod:`statekeeper.spark._time`), so TTL expires and timers fire in partitions
-without input too; without one, on every row.
+shuffle bytes), on the heartbeat rows alone, which reach every state partition
+(:mod:`statekeeper.spark._time`), so TTL expires and timers fire in partitions without input
+too; an operator of statekeeper 0.1 has no heartbeats and gets it on every row.
 """
 
 from __future__ import annotations
@@ -152,12 +152,12 @@ def transform_with_state(
     and output. A source that idles therefore delays timers: a query that must fire them on
     time needs input that keeps arriving.
 
-    **TTL in processing time** (``ttl=...``, the default clock): with a time mode, an entry
-    expires by the micro-batch timestamp in every partition, with or without input (the
-    timestamp rides on the heartbeats every partition receives). Without one (Spark refuses a
-    TTL there; statekeeper 0.1's processors used it) only partitions with input see the
-    timestamp: an expired entry is invisible wherever it is read, but deleted only in a
-    partition that receives rows, and each worker logs a warning once per such state.
+    **TTL in processing time** (``ttl=...``, the default clock): an entry expires by the
+    micro-batch timestamp in every partition, with or without input (the timestamp rides on
+    the heartbeats every partition receives), whatever the time mode; unlike Spark, which
+    refuses a TTL without ``TimeMode.ProcessingTime()``, ``time_mode=None`` allows one. (An
+    operator created by statekeeper 0.1 has no key groups, hence no heartbeats: there an
+    expired entry is invisible when read but deleted only in partitions with input.)
 
     **TTL on event time** (statekeeper's own; Spark's TTL is processing time only): a state
     declared with ``ttl=..., ttl_on="event_time"`` in an operator with
@@ -230,7 +230,7 @@ def transform_with_state(
         )  # fmt: skip
         spec = dataclasses.replace(spec, initial=staged)
     task = functools.partial(rows_task, spec, processor)
-    if timing.time_mode is None:
+    if spec.partitioning.key_groups is None:  # statekeeper 0.1's operator: no heartbeats
         return _plan(df, key_names, spec.partitioning, task, schema, clock=batch_clock(False))
     beats = functools.partial(with_heartbeats, timing=timing, partitioning=spec.partitioning)
     return _plan(
