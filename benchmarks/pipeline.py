@@ -138,9 +138,9 @@ def sk_arrow_totals(store: Any, batches: Iterator[Any]) -> Iterator[Any]:
     if table.num_rows == 0:
         return
     # Sorted by key group then key: the store's key order, which RocksDB's multi-get and the
-    # commit's sort are fastest on.
+    # commit's sort are fastest on. One thread: Spark runs a task per core already.
     grouped = (
-        table.group_by([KEY_GROUP_COLUMN, "k"])
+        table.group_by([KEY_GROUP_COLUMN, "k"], use_threads=False)
         .aggregate([("v", "count"), ("v", "sum")])
         .sort_by([(KEY_GROUP_COLUMN, "ascending"), ("k", "ascending")])
     )
