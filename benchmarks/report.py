@@ -190,6 +190,58 @@ def _protocols(protocols: dict[str, list[dict[str, Any]]]) -> list[str]:
     ]
 
 
+def ceiling_section(runs: list[dict[str, Any]]) -> list[str]:
+    """The vectorized form against the ceiling alone (``pipeline_ceiling_*.json``: runs of
+    ``pipeline.py --variants sk_arrow ceiling --rounds N``, one per batch size): the two
+    run in turn, round by round, so that each ratio compares neighbours in time."""
+    rows = []
+    for run in sorted(runs, key=lambda r: r["workload"]["rows_per_batch"]):
+        w, v, rounds = run["workload"], run["variants"], run.get("rounds") or {}
+        speeds = rounds.get("steady_rows_per_s") or {
+            name: [r["steady_rows_per_s"]] for name, r in v.items()
+        }
+        per_round = rounds.get("sk_arrow_to_ceiling_per_round") or [
+            run["ratios"]["sk_arrow_to_ceiling"]
+        ]
+        loads = [x for pair in rounds.get("load_average_1m_after", []) for x in pair]
+        rows.append([
+            f"{w['rows_per_batch']:,}", w["batches"], len(per_round),
+            " / ".join(f"{x:,}" for x in speeds["sk_arrow"]),
+            " / ".join(f"{x:,}" for x in speeds["ceiling"]),
+            " / ".join(str(x) for x in per_round),
+            f"**{rounds.get('sk_arrow_to_ceiling_median', per_round[0])}x**",
+            f"{v['sk_arrow']['batch_p50_ms']:,} / {v['ceiling']['batch_p50_ms']:,}",
+            v["sk_arrow"]["state_commit_p50_ms"],
+            f"{run['machine']['load_average_1m_before']} / "
+            f"{max(loads, default=run['machine']['load_average_1m'])}",
+        ])  # fmt: skip
+    return [
+        "## The vectorized form against the ceiling (`benchmarks/pipeline.py --variants "
+        "sk_arrow ceiling`)",
+        "",
+        "The pipeline benchmark's vectorized form and its ceiling alone, run in turn each "
+        "round (same input, each from a new checkpoint), at each batch size: steady rows/s per "
+        "round, the ratio per round and its median. The machine is shared (load average: "
+        "before the run / highest after a variant): compare within a row.",
+        "",
+        *_table(
+            [
+                "rows / batch",
+                "batches",
+                "rounds",
+                "`sk_arrow` rows/s",
+                "`ceiling` rows/s",
+                "ratio per round",
+                "median ratio",
+                "batch p50 ms (round 1)",
+                "commit p50 ms",
+                "load avg",
+            ],
+            rows,
+        ),
+    ]
+
+
 def restore_section(data: dict[str, Any]) -> list[str]:
     """The restore benchmark: the ways of opening a store."""
     state = data["state"]
@@ -497,6 +549,9 @@ def render(results: Path, makefile: Path | None = None) -> str:
     for name, section in sections.items():
         data = loaded[name]
         out += ["", *(section(data) if data else [f"## {name}", "", f"No `{name}.json`."])]
+    ceiling = sorted(results.glob("pipeline_ceiling_*.json"))
+    if ceiling:
+        out += ["", *ceiling_section([json.loads(p.read_text()) for p in ceiling])]
     recipe = bench_recipe(makefile) if makefile else []
     out += ["", "## Reproduce", "", "```", "make bench", "```"]
     if recipe:

@@ -275,3 +275,46 @@ def test_repartition_reports_each_way_of_rescaling(tmp_path: Path) -> None:
         "split_uploaded_share", "split_uploaded_share_target",
         "split_time_over_plain_restore", "split_time_over_plain_restore_target",
     }  # fmt: skip
+
+
+def test_report_shows_each_vectorized_against_ceiling_run(tmp_path: Path) -> None:
+    """``pipeline_ceiling_*.json`` (runs of ``--variants sk_arrow ceiling``) each become a
+    row, smallest batches first, with the rows/s and ratio of every round and their median;
+    a run of one round shows its single ratio."""
+
+    def run(rows: int, arrow: list[int], ceiling: list[int]) -> dict[str, Any]:
+        variant = {"batch_p50_ms": 1000, "state_commit_p50_ms": 50.0}
+        doc: dict[str, Any] = {
+            "workload": {"rows_per_batch": rows, "batches": 6},
+            "machine": {"load_average_1m_before": 1.5, "load_average_1m": 2.5},
+            "variants": {
+                "sk_arrow": {**variant, "steady_rows_per_s": arrow[0]},
+                "ceiling": {**variant, "steady_rows_per_s": ceiling[0], "state_commit_p50_ms": 0},
+            },
+            "ratios": {"sk_arrow_to_ceiling": round(arrow[0] / ceiling[0], 2)},
+        }
+        if len(arrow) > 1:
+            paired = [round(a / c, 2) for a, c in zip(arrow, ceiling, strict=True)]
+            doc["rounds"] = {
+                "steady_rows_per_s": {"sk_arrow": arrow, "ceiling": ceiling},
+                "load_average_1m_after": [[3.0, 4.0]] * len(arrow),
+                "sk_arrow_to_ceiling_per_round": paired,
+                "sk_arrow_to_ceiling_median": sorted(paired)[len(paired) // 2],
+            }
+        return doc
+
+    results = tmp_path / "results"
+    results.mkdir()
+    docs = {"1m": run(1_000_000, [70_000], [100_000]), "100k": run(100_000, [60, 90], [100, 100])}
+    for name, doc in docs.items():
+        (results / f"pipeline_ceiling_{name}.json").write_text(json.dumps(doc))
+    out = tmp_path / "RESULTS.md"
+    _report(results, out)
+    text = out.read_text()
+    assert "## The vectorized form against the ceiling" in text
+    small = "| 100,000 | 6 | 2 | 60 / 90 | 100 / 100 | 0.6 / 0.9 | **0.9x** | 1,000 / 1,000 |"
+    large = "| 1,000,000 | 6 | 1 | 70,000 | 100,000 | 0.7 | **0.7x** |"
+    assert small in text
+    assert large in text
+    assert text.index(small) < text.index(large)
+    assert "| 1.5 / 4.0 |" in text  # load before the run / the highest after a variant
