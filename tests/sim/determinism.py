@@ -4,8 +4,7 @@ Three sources of nondeterminism sit below the BlobStore, and each is pinned here
 
 * **uuids.** Blob ids are ``uuid4``; they decide the order of listings (which blob GC deletes
   first, where a page of a listing ends). :func:`seeded_uuids` draws them from streams of the
-  seed, one per actor and one per actor's library threads (which run at the same time as the
-  actor's own thread: an upload reads its next file while its pool writes the last one).
+  seed, one per actor and one for library threads working for it (see :meth:`Sim.uuid4`).
 * **RocksDB compaction.** A checkpoint flushes the memtable; the fourth level-0 file triggers a
   compaction on a RocksDB thread, and whether the checkpoint's file list is taken before or
   after it finishes is a race *inside* one call (so the next snapshot uploads 1 or 4 SST

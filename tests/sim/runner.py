@@ -88,7 +88,8 @@ def _run(scenario: Scenario, seed: int, tmp: Path, result: RunResult) -> None:
     sim = Sim(seed, scenario.faults)
     model = Model(retain=scenario.retain, gc=scenario.has_gc, keep_empty=scenario.keep_empty)
     with seeded_uuids(sim), deterministic_rocksdb():
-        raw = LocalBlobStore(root)
+        # The checker's own view: not a yield point, and one I/O thread (no pool to start).
+        raw = LocalBlobStore(root, io_threads=1)
         checker = sk.StateBackend(raw, config=store_config(scenario, tmp / "checker", "changelog"))
         checker.register(OP, 1)  # the root exists before the actors race
         world = World(sim, model, scenario, open_inner(root), tmp, checker)
