@@ -190,6 +190,56 @@ def _protocols(protocols: dict[str, list[dict[str, Any]]]) -> list[str]:
     ]
 
 
+def commit_scale_section(runs: list[dict[str, Any]]) -> list[str]:
+    """Commits into large stores (``commit_scale_*.json``: runs of ``commit.py`` at 10M keys
+    and more, each with its own load average): p50, p99 and what the slowest commits were."""
+    rows = []
+    for run in runs:
+        for name, results in run.get("protocols", {}).items():
+            full = {r["state_keys"]: r for r in run["results"]} if name == run["protocol"] else {}
+            for r in results:
+                detail = full.get(r["state_keys"], {})
+                slowest = detail.get("slowest_commits") or [{}]
+                top = max((slowest[0].get("phases_ms") or {"-": 0}).items(), key=lambda i: i[1])
+                rows.append([
+                    f"{r['state_keys']:,}", name, r["commit_p50_ms"], r.get("commit_p99_ms", "-"),
+                    r.get("commit_cpu_p50_ms", "-"),
+                    f"{slowest[0].get('ms', '-')} ({top[0]} {top[1]})" if detail else "-",
+                    detail.get("peak_rss_mb", "-"), detail.get("local_copy_mb", "-"),
+                    detail.get("load_s", "-"),
+                    detail.get("load_average_1m", run["load_average_1m"]),
+                ])  # fmt: skip
+    return [
+        "## Commits into large stores (`benchmarks/commit.py --sizes ...`)",
+        "",
+        "The same commits (10,000 changed keys of 100-byte values) into a store loaded through "
+        "the store API first; the timed commits run while RocksDB compacts what loading left. "
+        "Peak RSS: the whole process, loading included. One run per size, load average at "
+        "its end (the machine is shared: compare rows of one run only). Not part of `make "
+        "bench` (the 50M-key run loads for ~17 minutes and takes 11 GB of disk): "
+        "`benchmarks/commit.py --sizes 10000000 --commits 100 --load-batch 500000 --out "
+        "benchmarks/results/commit_scale_10m.json` and `--sizes 50000000 --commits 100 "
+        "--load-batch 1000000 --protocols current --out "
+        "benchmarks/results/commit_scale_50m.json`.",
+        "",
+        *_table(
+            [
+                "state keys",
+                "protocol",
+                "p50 ms",
+                "p99 ms",
+                "CPU p50 ms",
+                "slowest ms (largest phase)",
+                "peak RSS MB",
+                "local copy MB",
+                "load s",
+                "load avg",
+            ],
+            rows,
+        ),
+    ]
+
+
 def ceiling_section(runs: list[dict[str, Any]]) -> list[str]:
     """The vectorized form against the ceiling alone (``pipeline_ceiling_*.json``: runs of
     ``pipeline.py --variants sk_arrow ceiling --rounds N``, one per batch size): the two
@@ -549,6 +599,9 @@ def render(results: Path, makefile: Path | None = None) -> str:
     for name, section in sections.items():
         data = loaded[name]
         out += ["", *(section(data) if data else [f"## {name}", "", f"No `{name}.json`."])]
+        scale = sorted(results.glob("commit_scale_*.json"))
+        if name == "commit" and scale:
+            out += ["", *commit_scale_section([json.loads(p.read_text()) for p in scale])]
     ceiling = sorted(results.glob("pipeline_ceiling_*.json"))
     if ceiling:
         out += ["", *ceiling_section([json.loads(p.read_text()) for p in ceiling])]

@@ -148,6 +148,31 @@ def test_report_without_a_pipeline_says_so(results: Path, tmp_path: Path) -> Non
     assert "No `pipeline.json`." in text
 
 
+def test_report_shows_commits_into_large_stores_with_their_slowest_commit_and_memory(
+    results: Path, tmp_path: Path
+) -> None:
+    """A ``commit_scale_*.json`` run (here the tiny commit run, both protocols) gets a row
+    per size and protocol: p50, p99, the slowest commit's largest phase, peak RSS."""
+    commit = json.loads((results / "commit.json").read_text())
+    for name in ("commit", "restore"):
+        (tmp_path / f"{name}.json").write_text((results / f"{name}.json").read_text())
+    (tmp_path / "commit_scale_tiny.json").write_text(json.dumps(commit))
+    out = tmp_path / "RESULTS.md"
+    _report(tmp_path, out)
+    text = out.read_text()
+    assert "## Commits into large stores" in text
+    current = commit["results"][-1]
+    slowest = current["slowest_commits"][0]
+    phase, ms = max(slowest["phases_ms"].items(), key=lambda item: item[1])
+    assert (
+        f"| 20,000 | current | {current['commit_p50_ms']} | {current['commit_p99_ms']} | "
+        f"{current['commit_cpu_p50_ms']} | {slowest['ms']} ({phase} {ms}) | "
+        f"{current['peak_rss_mb']} | {current['local_copy_mb']} |"
+    ) in text
+    assert "| 20,000 | 0.1.0 |" in text
+    assert current["peak_rss_mb"] >= current["commit_rss_max_mb"] > 0
+
+
 @pytest.mark.slow
 @pytest.mark.spark
 def test_pipeline_variants_agree_with_a_batch_group_by(pipeline: dict[str, Any]) -> None:
