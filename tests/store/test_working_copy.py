@@ -12,12 +12,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import rocksdict
 
 from statekeeper.changelog import Columns
 from statekeeper.errors import StateKeeperError
 from statekeeper.store import _label
 from statekeeper.store._label import decode_undo, encode_undo, pack_label, parse_label
 from statekeeper.store._working_copy import (
+    SHARED_MEMORY,
     WorkingCopy,
     _SharedMemory,
     remove_unused_copy,
@@ -364,3 +366,30 @@ def test_a_copy_open_in_another_process_is_kept(tmp_path: Path) -> None:
         assert holder.wait(timeout=30) == 0
     assert remove_unused_copy(path)
     assert not os.path.exists(path)
+
+
+def test_a_copy_made_with_other_options_reopens_with_todays(tmp_path: Path) -> None:
+    """rocksdict opens an existing database's column family with the options its OPTIONS
+    file recorded unless it is given them: a copy created under other settings (here
+    RocksDB's defaults, as by an older release) must reopen with today's stall triggers and
+    read through the process's shared block cache, or the memory bound does not hold."""
+    path = tmp_path / "copy"
+    old = rocksdict.Options(raw_mode=True)
+    old.create_if_missing(True)
+    db = rocksdict.Rdict(str(path), old)
+    keys = [b"k%08d" % i for i in range(50_000)]
+    for key in keys:
+        db[key] = b"v" * 100
+    db.flush()
+    db.close()
+    copy = _copy(tmp_path)
+    try:
+        cache = SHARED_MEMORY.cache
+        assert cache is not None
+        before = cache.get_usage()
+        assert copy.multi_get(keys[::50]) == [b"v" * 100] * len(keys[::50])
+        assert cache.get_usage() > before  # the blocks read landed in the shared cache
+    finally:
+        copy.close()
+    newest = max(n for n in os.listdir(path) if n.startswith("OPTIONS-"))
+    assert "level0_slowdown_writes_trigger=48" in (path / newest).read_text()

@@ -257,7 +257,6 @@ class WorkingCopy:
             self._opts = _options(write_buffer_mb=write_buffer_mb, memory_mb=memory_mb)
             # Off for a copy whose files must stay those of its snapshot (a rescale's parent).
             self._opts.set_disable_auto_compactions(not compactions)
-            self._compactions = compactions
             self._db, self._label = self._open_db()
         except BaseException:
             with _open_paths_lock:
@@ -278,9 +277,11 @@ class WorkingCopy:
         for fresh in (False, True):
             try:
                 os.makedirs(self.path, exist_ok=True)
-                # rocksdict opens an existing database's column families with the options
-                # of its OPTIONS file unless told otherwise: compactions must be off at once.
-                families = None if self._compactions else {"default": self._opts}
+                # rocksdict opens an existing database's column family with the options of
+                # its OPTIONS file unless given them: without this a reopened copy would keep
+                # the settings it was created with (another release's, or RocksDB's own), its
+                # own block cache outside the shared budget, and automatic compactions on.
+                families = {"default": self._opts}
                 db = rocksdict.Rdict(self.path, self._opts, column_families=families)
             except Exception as exc:  # noqa: BLE001 - rocksdict raises a bare Exception
                 failure: Exception = exc
