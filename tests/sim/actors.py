@@ -61,16 +61,20 @@ class World:
             self.deleted += 1
 
     def check_step(self, who: str) -> None:
-        """After every step: the version listing keeps what §5 says it keeps.
+        """After every step: the version listing keeps what §5 says it keeps."""
+        self.check_listing(f"after {who}")
+
+    def check_listing(self, where: str) -> None:
+        """The version listing keeps what §5 says it keeps (``where``: for the message).
 
         The listing is read again only if a blob call may have changed the root since it was
         last read: it is a function of the root's blobs alone, which change only through
         the actors' :class:`SimBlobStore` calls (the checker only reads until the run ends).
-        The model's side is checked after every step all the same.
+        The model's side is checked every time all the same.
         """
         if self._listed is None or self._listed[0] != self.changes:
             self._listed = (self.changes, self.checker.versions(OP, PARTITION))
-        self.model.check_versions(self._listed[1], f"after {who}")
+        self.model.check_versions(self._listed[1], where)
 
 
 def store_config(scenario: Scenario, local_dir: Path, mode: str) -> sk.StoreConfig:
