@@ -1,6 +1,6 @@
 """Actors of the simulation: writers, snapshotters, garbage collectors and readers.
 
-Each actor is a sequence of steps run by one greenlet of the scheduler, on its own **host** (a
+Each actor is a sequence of steps run by one thread under the baton, on its own **host** (a
 local_dir of its own), through the public API of statekeeper only. A :class:`Crash` at any
 yield point kills the actor's process: its objects are abandoned (their blob calls refused,
 their RocksDB handles released, flushed or not), its host kept or replaced by an empty one, and

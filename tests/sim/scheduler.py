@@ -1,24 +1,21 @@
-"""A seeded baton scheduler: actors run as greenlets of one thread, exactly one at a time.
+"""A seeded baton scheduler: actors run in threads, exactly one at a time.
 
-Every blob store call an actor makes is a **yield point**: the actor switches back to the
-scheduler, which draws from ``random.Random(seed)`` which parked actor goes next and which
-fault, if any, hits the call it is parked at, and switches to that actor. So the interleaving,
-and every fault, is a function of the seed alone. Actors are greenlets (``greenlet``), not
-threads: a handoff is a switch inside one thread, with no lock, no condition and no system
-call (OS threads handing a baton cost two futex round trips per blob call: a quarter of the
-simulation's CPU was the kernel's). The scheduler's thread is one of its own, so that
-:meth:`Sim.run` can watch it: an actor that neither yields nor finishes for
-``_PARK_TIMEOUT_S`` (blocked on a lock another actor holds across a yield point, say) fails
-the run with :class:`DeterminismError` instead of hanging it.
+Every blob store call an actor makes is a **yield point**: the calling thread parks and waits
+for the baton. Once every actor is parked (at a blob call, at a step boundary, or finished),
+the thread that parked (or finished) last draws from ``random.Random(seed)`` which parked actor
+goes next and which fault, if any, hits the call it is parked at, and wakes that actor alone
+(itself, if it was drawn: then no thread switch at all). So the interleaving, and every fault,
+is a function of the seed alone; the thread that called :meth:`Sim.run` only watches for the
+end (and for a run that stopped making progress).
 
-Threads of the library make no blob calls in the simulation's configuration: with
-``StoreConfig(io_threads=1)`` snapshot transfers and ``put_many``/``get_many`` run in the
-caller's thread (``statekeeper.storage.transfer_pool``), ``backend.snapshot`` uploads in the
-caller's thread, and background snapshots are avoided altogether (``snapshot_every`` is huge:
-snapshots are taken as explicit actor steps). A blob call from any other thread would make
-the run depend on thread timing, so it raises :class:`DeterminismError` naming the thread.
-Library threads that make no blob calls (a commit's write batch prepared on a helper) are
-fine: the actor waits for them as it would in production.
+Threads of the library (the snapshot upload and restore pools) are attributed to the actor that
+holds the baton: only that actor runs, so any blob call made from a thread that is not an actor
+thread was caused by it. The actor's own thread is then blocked on that pool's future, so it
+still makes one blob call at a time; with ``StoreConfig(io_threads=1)`` the pools run one
+transfer at a time, and a second concurrent call from one actor raises
+:class:`DeterminismError` rather than silently making the run depend on thread timing.
+Background snapshots are avoided altogether (``snapshot_every`` is huge): snapshots are taken
+as explicit actor steps with ``backend.snapshot(...)``.
 
 Faults a yield point may inject (drawn per call by the scheduler, rates per scenario):
 
@@ -44,12 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import greenlet
-
 from statekeeper.errors import StorageError, TransientStorageError
 
 __all__ = [
-    "Aborted",
     "Crash",
     "DeterminismError",
     "FaultRates",
@@ -77,8 +71,7 @@ class Aborted(BaseException):
 
 
 class DeterminismError(RuntimeError):
-    """The run stopped being a function of its seed (a blob call from a library thread, a
-    blocked actor)."""
+    """The run stopped being a function of its seed (concurrent calls, a blocked actor)."""
 
 
 @dataclass(frozen=True)
@@ -95,26 +88,20 @@ class FaultRates:
 @dataclass
 class _Actor:
     name: str
-    body: Callable[[], None]
     can_crash: bool
     weight: float
-    state: str = "parked"  # parked | running | done
+    state: str = "new"  # new | parked | running | done
     pending: tuple[str, str] | None = None
     fault: str = ""
+    thread_id: int | None = None
     dead: str = ""  # "" alive, "crash": calls raise Crash, "refuse": calls raise StorageError
-    glet: _ActorGreenlet | None = None
-    """Made by the scheduler's thread when the run starts (a greenlet lives in one thread)."""
-
-
-class _ActorGreenlet(greenlet.greenlet):  # type: ignore[misc]
-    """An actor's greenlet, which knows its actor (see :meth:`Sim.current`)."""
-
-    actor: _Actor
+    wake: threading.Condition | None = None
+    """Notified when this actor is handed the baton (or the run aborts)."""
 
 
 @dataclass
 class Sim:
-    """The scheduler of one run: the seeded choices, the trace, fault counters."""
+    """The scheduler of one run: a baton, the seeded choices, the trace, fault counters."""
 
     seed: int
     faults: FaultRates = field(default_factory=FaultRates)
@@ -125,114 +112,101 @@ class Sim:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        # One lock guards the scheduler's state; each actor waits on a condition of its own
+        # (woken alone when chosen), and ``_cv`` wakes the thread in :meth:`run`.
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
         self._actors: dict[str, _Actor] = {}
-        self._running: _Actor | None = None
-        self._hub: greenlet.greenlet | None = None
-        self._thread: threading.Thread | None = None
-        self._handoffs = 0
-        """Handoffs so far: :meth:`run` watches it move."""
-        self._aborting = False
+        self._running: str | None = None
+        self._started = False
+        self._progress = 0
+        self._local = threading.local()
         self._aliases: dict[str, str] = {}
-        # Streams of uuids per owner (see uuid4); a library thread may draw from its own
-        # while an actor runs, hence the lock.
-        self._uuid_lock = threading.Lock()
         self._uuid_streams: dict[str, random.Random] = {}
+        self._aborting = False
 
     # -- actors ---------------------------------------------------------------------------
 
     def spawn(
         self, name: str, body: Callable[[], None], *, can_crash: bool = True, weight: float = 1.0
     ) -> None:
-        """Register an actor; it starts parked and runs ``body`` when first chosen.
+        """Register an actor; its thread starts parked and runs ``body`` when first chosen.
 
         ``weight``: how likely the actor is chosen among the parked ones (relative speed).
         """
         if name in self._actors:
             raise ValueError(f"two actors named {name!r}")
-        if self._thread is not None:
-            raise RuntimeError(f"actor {name!r} spawned after the run started")
-        self._actors[name] = _Actor(name, body, can_crash, weight)
+        actor = _Actor(name, can_crash, weight, wake=threading.Condition(self._lock))
+        self._actors[name] = actor
 
-    def run(self) -> None:
-        """Schedule parked actors until all are done; re-raise the first failure.
-
-        The actors run in a thread of the scheduler's own; this one watches that a handoff
-        happens at least every ``_PARK_TIMEOUT_S``.
-        """
-        if self._thread is not None:
-            raise RuntimeError("a Sim runs once")
-        finished = threading.Event()
-
-        def schedule() -> None:
+        def main() -> None:
+            self._local.actor = name
             try:
-                self._schedule()
-            except BaseException as exc:  # noqa: BLE001 - re-raised below, in run()
+                self._park(actor, None)
+                body()
+            except Aborted:
+                pass
+            except (Exception, Crash) as exc:  # noqa: BLE001 - re-raised by run()
                 self._fail(exc)
             finally:
-                finished.set()
+                with self._lock:
+                    actor.state = "done"
+                    if self._running == name:
+                        self._running = None
+                    self._progress += 1
+                    self._dispatch_locked()
+                    self._cv.notify_all()
 
-        self._thread = threading.Thread(target=schedule, name="sim-scheduler", daemon=True)
-        self._thread.start()
-        seen = -1
-        while not finished.wait(timeout=_PARK_TIMEOUT_S):
-            if self._handoffs == seen:
-                running = self._running.name if self._running is not None else None
-                # The blocked actor cannot be unwound from here: the scheduler's thread (a
-                # daemon) is abandoned with it.
-                self._fail(
-                    DeterminismError(
-                        f"actor {running!r} neither yielded nor finished in "
-                        f"{_PARK_TIMEOUT_S}s: blocked on something a parked actor holds? "
-                        "(actors are greenlets of one thread: a lock held across a blob "
-                        "call blocks every actor that takes it)"
+        threading.Thread(target=main, name=f"sim-{name}", daemon=True).start()
+
+    def run(self) -> None:
+        """Schedule parked actors until all are done; re-raise the first failure."""
+        with self._lock:
+            self._started = True
+            self._dispatch_locked()
+            seen = self._progress
+            while not all(a.state == "done" for a in self._actors.values()):
+                if self._cv.wait(timeout=_PARK_TIMEOUT_S) or self._progress != seen:
+                    seen = self._progress
+                    continue
+                busy = [a.name for a in self._actors.values() if a.state == "running"]
+                if self.failure is None:
+                    self.failure = DeterminismError(
+                        f"actors {busy} neither parked nor finished in {_PARK_TIMEOUT_S}s: "
+                        "blocked on something a parked actor holds?"
                     )
-                )
+                self._abort_locked()
                 break
-            seen = self._handoffs
         if self.failure is not None:
             raise self.failure
 
-    def _schedule(self) -> None:
-        """The scheduler's loop (in its own thread): while any actor is parked, pick one
-        (drawn from the seed, with the fault for its call) and switch to it until it yields
-        or finishes; after a failure, unwind every parked actor instead."""
-        self._hub = greenlet.getcurrent()
-        for actor in self._actors.values():
-            glet = _ActorGreenlet(self._actor_main)
-            glet.actor = actor
-            actor.glet = glet
-        while True:
-            parked = sorted(n for n, a in self._actors.items() if a.state == "parked")
-            if not parked:
-                return
-            if self.failure is not None:
-                self._aborting = True
-                actor = self._actors[parked[0]]
-            else:
-                actor = self._choose(parked)
-                actor.fault = self._draw_fault(actor)
-                if actor.pending is not None:
-                    op, key = actor.pending
-                    self.trace.append((actor.name, op, self._canonical(key), actor.fault))
-            actor.state = "running"
-            self._running = actor
-            self._handoffs += 1
-            assert actor.glet is not None
-            actor.glet.switch()
-            self._running = None
-
-    def _actor_main(self) -> None:
-        actor: _Actor = greenlet.getcurrent().actor
-        try:
-            if self._aborting:  # torn down before it ever ran
-                return
-            actor.body()
-        except Aborted:
-            pass
-        except BaseException as exc:  # noqa: BLE001 - re-raised by run(); the others unwind
-            self._fail(exc)
-        finally:
-            actor.state = "done"
+    def _dispatch_locked(self) -> None:
+        """If every actor is parked or done, hand the baton to one parked actor (drawn from
+        the seed, with the fault for its call), or abort the run after a failure."""
+        if not self._started or not self._settled():
+            return
+        parked = sorted(n for n, a in self._actors.items() if a.state == "parked")
+        if not parked:
+            return  # all done: run() is notified by the thread that finished last
+        if self.failure is not None:
+            self._abort_locked()
+            return
+        actor = self._choose(parked)
+        name = actor.name
+        actor.fault = self._draw_fault(actor)
+        if actor.pending is not None:
+            op, key = actor.pending
+            self.trace.append((name, op, self._canonical(key), actor.fault))
+        actor.state = "running"
+        self._running = name
+        assert actor.wake is not None
+        actor.wake.notify_all()
+        # The watchdog in run() hears of every handoff (so its timeout runs from the last
+        # one). It only notes the progress, yet waking it here made runs on a loaded machine
+        # faster, not slower: 120 seeds in two worker processes took 10-16 s with it and
+        # 16-21 s without (load 15 on 2 cores; the kernel seems to run the chosen actor
+        # sooner), for ~10 us more CPU per handoff.
+        self._cv.notify_all()
 
     def _choose(self, parked: list[str]) -> _Actor:
         """One parked actor, with probability proportional to its weight."""
@@ -244,42 +218,51 @@ class Sim:
                 return actor
         return actors[-1]
 
+    def _settled(self) -> bool:
+        return self._running is None and all(
+            a.state in ("parked", "done") for a in self._actors.values()
+        )
+
     def _fail(self, exc: BaseException) -> None:
-        if self.failure is None:
-            self.failure = exc
+        with self._lock:
+            if self.failure is None:
+                self.failure = exc
 
-    def _current(self) -> _Actor:
-        """The actor the calling greenlet is.
-
-        Raises:
-            DeterminismError: called from a thread that is no actor's (a library thread).
-        """
-        actor: _Actor | None = getattr(greenlet.getcurrent(), "actor", None)
-        if actor is None:
-            raise DeterminismError(
-                f"blob call from thread {threading.current_thread().name!r}, which is no "
-                "actor's: its timing would decide the schedule (use StoreConfig(io_threads=1) "
-                "and no background snapshots, so that the library calls in the actor's thread)"
-            )
-        return actor
+    def _abort_locked(self) -> None:
+        self._aborting = True
+        for actor in self._actors.values():
+            assert actor.wake is not None
+            actor.wake.notify_all()
+        self._cv.notify_all()
 
     def current(self) -> str:
-        """The name of the actor a call from here belongs to (see :meth:`_current`)."""
-        return self._current().name
+        """The actor a call from this thread belongs to (see the module docstring)."""
+        name = getattr(self._local, "actor", None)
+        if name is not None:
+            return str(name)
+        with self._lock:
+            if self._running is None:
+                raise DeterminismError(
+                    f"blob call from thread {threading.current_thread().name!r} while no actor "
+                    "runs: a library thread outlived the call that started it"
+                )
+            return self._running
 
     # -- yield points ---------------------------------------------------------------------
 
     def step_boundary(self) -> None:
         """Yield between two steps of the calling actor (no blob call, no fault)."""
-        self._park(self._current(), None)
+        self._park(self._actors[self.current()], None)
 
     def note(self, what: str) -> None:
         """Record what the running actor starts doing (a step) in the trace."""
-        self.trace.append((self._current().name, "step", self._canonical(what), ""))
+        who = self.current()
+        with self._lock:
+            self.trace.append((who, "step", self._canonical(what), ""))
 
     def call(self, op: str, key: str, fn: Callable[[], _T]) -> _T:
         """Make one blob call ``fn`` as a yield point, injecting the fault drawn for it."""
-        actor = self._current()
+        actor = self._actors[self.current()]
         if actor.dead == "crash":
             raise Crash(f"{actor.name} is dead")
         if actor.dead == "refuse":
@@ -304,16 +287,25 @@ class Sim:
         raise StorageError(f"injected permanent failure of {where}")
 
     def _park(self, actor: _Actor, pending: tuple[str, str] | None) -> str:
-        """Hand the baton back to the scheduler until it picks this actor again; the fault
-        drawn for ``pending``. Raises :class:`Aborted` once the run is being torn down."""
-        if self._aborting:
-            raise Aborted
-        actor.state, actor.pending = "parked", pending
-        assert self._hub is not None
-        self._hub.switch()
-        if self._aborting:
-            raise Aborted
-        return actor.fault
+        me = threading.get_ident()
+        with self._lock:
+            if actor.state == "parked":
+                raise DeterminismError(
+                    f"{actor.name} made two blob calls at once ({actor.pending} and {pending}): "
+                    "use StoreConfig(io_threads=1) and no background snapshots"
+                )
+            actor.state, actor.pending, actor.thread_id = "parked", pending, me
+            if self._running == actor.name:
+                self._running = None
+            self._progress += 1
+            self._dispatch_locked()
+            assert actor.wake is not None
+            while actor.state != "running" and not self._aborting:
+                actor.wake.wait()
+            if self._aborting:
+                actor.state = "running"  # unwinding; done when the thread ends
+                raise Aborted
+            return actor.fault
 
     def _draw_fault(self, actor: _Actor) -> str:
         """Always draws the same amount of randomness, so the schedule stays seed-determined."""
@@ -342,19 +334,17 @@ class Sim:
         While the harness closes a crashed actor's abandoned objects, their blob calls are
         refused without reaching the store, as no call of a dead process would.
         """
-        self._current().dead = mode
+        self._actors[self.current()].dead = mode
 
     def uuid4(self) -> uuid.UUID:
-        """A uuid drawn from a stream of the caller's owner: the actor for its own greenlet,
-        ``"<actor>/pool"`` for a library thread working for the running actor, ``"harness"``
+        """A uuid drawn from a stream of the calling thread's owner: the actor for its own
+        thread, ``"<actor>/pool"`` for a library thread working for it (the two may run at
+        once: an upload reads its next file while its pool writes the last), ``"harness"``
         outside any actor. So every stream is consumed in an order the seed determines."""
-        actor: _Actor | None = getattr(greenlet.getcurrent(), "actor", None)
-        if actor is not None:
-            name = actor.name
-        else:
-            running = self._running
-            name = "harness" if running is None else f"{running.name}/pool"
-        with self._uuid_lock:
+        name = getattr(self._local, "actor", None)
+        with self._lock:
+            if name is None:
+                name = "harness" if self._running is None else f"{self._running}/pool"
             rng = self._uuid_streams.get(name)
             if rng is None:
                 rng = self._uuid_streams[name] = random.Random(f"uuid/{self.seed}/{name}")

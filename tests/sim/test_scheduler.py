@@ -1,8 +1,10 @@
-"""The simulation's scheduler on its own: interleaving, faults, teardown, refusals."""
+"""The simulation's scheduler on its own: interleaving, faults, teardown, library threads."""
 
 from __future__ import annotations
 
+import random
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -95,19 +97,27 @@ def test_a_failure_tears_every_actor_down() -> None:
     assert len(sim.trace) < 100
 
 
-def test_a_blob_call_from_a_library_thread_is_refused() -> None:
+def test_a_blob_call_from_a_library_thread_is_the_running_actors() -> None:
+    """A pool thread working for an actor (which waits for it) makes its calls as that actor,
+    and draws uuids from the actor's pool stream."""
     sim = Sim(1)
-    errors: list[BaseException | None] = []
+    made: list[str] = []
+    ids = []
+
+    def library_work() -> None:
+        made.append("k")
+        ids.append(sim.uuid4())
 
     def body() -> None:
         with ThreadPoolExecutor(1, thread_name_prefix="library") as pool:
-            errors.append(pool.submit(sim.call, "get", "k", lambda: None).exception())
+            pool.submit(sim.call, "get", "k", library_work).result()
 
     sim.spawn("writer", body)
     sim.run()
-    assert isinstance(errors[0], DeterminismError)
-    assert "thread 'library_0'" in str(errors[0])
-    assert "io_threads=1" in str(errors[0])
+    assert made == ["k"]
+    assert sim.trace == [("writer", "get", "k", "")]
+    expected = random.Random("uuid/1/writer/pool").getrandbits(128)
+    assert ids == [uuid.UUID(int=expected, version=4)]
 
 
 def test_an_actor_that_never_yields_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -116,7 +126,7 @@ def test_an_actor_that_never_yields_fails_the_run(monkeypatch: pytest.MonkeyPatc
     sim = Sim(1)
     sim.spawn("stuck", lambda: release.wait(30) and None)
     try:
-        with pytest.raises(DeterminismError, match="actor 'stuck' neither yielded nor finished"):
+        with pytest.raises(DeterminismError, match=r"actors \['stuck'\] neither parked nor"):
             sim.run()
     finally:
-        release.set()  # let the abandoned scheduler thread end
+        release.set()  # let the stuck thread end
