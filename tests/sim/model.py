@@ -166,14 +166,34 @@ class Model:
 
     # -- observations ---------------------------------------------------------------------
 
-    def observe(self, version: int, state: State, who: str) -> None:
-        """A store opened at ``version`` holds ``state``.
+    def candidates(self) -> dict[int, list[Attempt]]:
+        """The attempts that may hold each version now (a copy): what a read that starts
+        now may return (see :meth:`observe`)."""
+        return {v: list(cands) for v, cands in self.cands.items()}
+
+    def observe(
+        self,
+        version: int,
+        state: State,
+        who: str,
+        at_start: dict[int, list[Attempt]] | None = None,
+    ) -> None:
+        """A store opened at ``version`` holds ``state``; ``at_start`` are the candidates
+        when the open began (:meth:`candidates`).
+
+        A newer attempt may replace a version while a read of it runs (§5.4): the read then
+        returns the content that was the version when it began, which says nothing about
+        the version now. Content that was not a candidate when the read began is a violation.
 
         Raises:
             InvariantViolation: no attempt that may hold ``version`` has that content (§5.2).
         """
         cands = self.cands.get(version, [])
         matching = [c for c in cands if c.state == state]
+        if not matching and at_start is not None:
+            before = [c for c in at_start.get(version, []) if c.state == state]
+            if before and all(c.status == "acked" for c in before):
+                return  # replaced during the read: content of its start, no news now
         if not matching:
             raise InvariantViolation(
                 f"{who} opened version {version} and read {render(state)}, which no commit of "

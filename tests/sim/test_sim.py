@@ -120,3 +120,12 @@ def test_a_seed_runs_alike_in_a_worker_and_alone(
         alone = run_seed(SCENARIOS[name], seed)
         assert ran[seed].trace_digest == trace_digest(alone.trace), f"seed {seed}"
         assert ran[seed].steps == alone.steps
+
+
+def test_a_read_overtaken_by_a_replacement_returns_the_content_it_began_with() -> None:
+    """Seed 50005: a reader opens the latest version (1, attempt 1) while a newer attempt
+    replaces version 1; the read returns attempt 1's content, which was version 1 when it
+    began (a read is not something built on it, §5.4). The model used to call that a
+    violation; content that was never a candidate at the read's start still is one."""
+    result = run_seed(SCENARIOS["rerun_newer_attempt"], 50005)
+    assert result.failure is None, result.failure
