@@ -28,7 +28,7 @@ from statekeeper.keyed import (
     read_operator_record,
 )
 from statekeeper.store import StoreChange, StoreChanges
-from statekeeper.store._changes import diff_items
+from statekeeper.store._store_changes import diff_items
 
 OP = "op"
 GROUPS = 16

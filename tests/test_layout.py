@@ -22,7 +22,7 @@ CONFINED = {
     "pyarrow": ("keyed", "spark", "cli.demo"),
     "click": ("cli",),
     "rich": ("cli",),
-    "rocksdict": ("store",),
+    "rocksdict": ("store", "repartition"),
 }
 
 

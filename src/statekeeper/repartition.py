@@ -52,7 +52,7 @@ from statekeeper.config import StoreConfig
 from statekeeper.epochs import consistent_cut
 from statekeeper.errors import CommitConflictError, ConfigMismatchError, StateKeeperError
 from statekeeper.history import StoreHistory
-from statekeeper.keyed._layout import (
+from statekeeper.keyed import (
     EVENT_TIME,
     GROUPED_TIMER_INDEX,
     GROUPED_TTL_INDEX,

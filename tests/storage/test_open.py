@@ -255,6 +255,7 @@ def test_package_exports_are_sorted_and_complete() -> None:
         "StreamingBlobStore",
         "open_blob_store",
         "put_stream",
+        "transfer_pool",
     }
     for name in exported:
         assert getattr(statekeeper.storage, name) is not None

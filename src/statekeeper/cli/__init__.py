@@ -21,13 +21,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from statekeeper.cli import _data, _demo, _diff, _info, _maintain, _repartition, _stats
+from statekeeper.cli import (
+    _data,
+    _demo,
+    _info,
+    _maintain,
+    _repartition,
+    _stats,
+    _versions_diff,
+)
 from statekeeper.cli._app import cli
 
 __all__ = ["cli", "main"]
 
 # The command modules register themselves on ``cli`` when imported.
-_COMMANDS = (_data, _demo, _diff, _info, _maintain, _repartition, _stats)
+_COMMANDS = (_data, _demo, _versions_diff, _info, _maintain, _repartition, _stats)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

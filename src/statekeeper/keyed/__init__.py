@@ -22,7 +22,7 @@ processor-facing names.
 
 from __future__ import annotations
 
-from statekeeper.keyed._changes import TIMER_STATE, ChangeDecoder, StateChange
+from statekeeper.keyed._change_decoder import TIMER_STATE, ChangeDecoder, StateChange
 from statekeeper.keyed._entries import (
     DataKey,
     StateDecoder,
@@ -34,12 +34,19 @@ from statekeeper.keyed._entries import (
 )
 from statekeeper.keyed._handles import ListState, MapState, StatefulProcessorHandle, ValueState
 from statekeeper.keyed._layout import (
+    EVENT_TIME,
+    GROUPED_TIMER_INDEX,
+    GROUPED_TTL_INDEX,
+    KEY_GROUP,
     MAX_KEY_GROUPS,
+    META_KEY,
+    U64,
     OperatorRecord,
     StateDecl,
     group_prefix,
     key_group_range,
     partition_of_group,
+    ttl_prefix,
 )
 from statekeeper.keyed._processor import StatefulProcessor, handles_initial_state, input_form
 from statekeeper.keyed._row_type import build_rows, row_class
@@ -57,9 +64,15 @@ from statekeeper.keyed._tuples import decode_key, encode_element, encode_key
 from statekeeper.keyed._values import Codec, DefaultCodec, PickleCodec
 
 __all__ = [
+    "EVENT_TIME",
+    "GROUPED_TIMER_INDEX",
+    "GROUPED_TTL_INDEX",
+    "KEY_GROUP",
     "MAX_KEY_GROUPS",
+    "META_KEY",
     "TIMER_STATE",
     "TIME_MODES",
+    "U64",
     "ChangeDecoder",
     "Codec",
     "DataKey",
@@ -94,6 +107,7 @@ __all__ = [
     "read_operator_record",
     "row_class",
     "stored_schema_version",
+    "ttl_prefix",
     "validate_delay",
     "validate_time_mode",
 ]

@@ -53,7 +53,7 @@ from statekeeper.keyed import (
 from statekeeper.keyed.arrow_keys import encode_keys
 from statekeeper.keyed.output import OutputSchemaError
 from statekeeper.reports import TaskReport
-from statekeeper.spark._changes import read_state_changes
+from statekeeper.spark._change_feed import read_state_changes
 from statekeeper.spark._filelock import StoreBusyError
 from statekeeper.spark._listener import StateListener, state_listener
 from statekeeper.spark._metrics import BatchMetrics, batch_metrics

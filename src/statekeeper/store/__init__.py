@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from statekeeper.store._backend import StateBackend
-from statekeeper.store._changes import StoreChange, StoreChanges
 from statekeeper.store._export import ExportInfo
 from statekeeper.store._rescale import (
     ParentCopy,
@@ -13,6 +12,7 @@ from statekeeper.store._rescale import (
 )
 from statekeeper.store._root import DEFAULT_KEY_GROUPS, Rescale, Retention, RootMetadata
 from statekeeper.store._state_store import CommitInfo, RestoreInfo, StateStore
+from statekeeper.store._store_changes import StoreChange, StoreChanges
 from statekeeper.store._working_copy import remove_unused_copy
 
 __all__ = [
