@@ -49,7 +49,10 @@ def _run_child(root: Path, local: Path, mode: str, rng: random.Random, way: str)
         except subprocess.TimeoutExpired:
             child.send_signal(signal.SIGKILL)
     out, err = child.communicate(timeout=120)
-    acks = [int(line.split()[1]) for line in out.splitlines() if line.startswith("ack ")]
+    # Only lines ended by a newline count: a SIGKILL can land while "ack N" is half written
+    # (seen as a bare "ack "), and an ack the child did not finish printing was never made.
+    whole = out.split("\n")[:-1]
+    acks = [int(line.split()[1]) for line in whole if line.startswith("ack ")]
     killed = child.returncode == -signal.SIGKILL
     if not killed and child.returncode != 0:
         raise AssertionError(f"child exited {child.returncode}: {err[-1500:]}")
