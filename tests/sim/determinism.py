@@ -15,8 +15,9 @@ Three sources of nondeterminism sit below the BlobStore, and each is pinned here
   1e9 s only; the local flush interval is 1e9 s (flushes happen at checkpoints and closes).
 
 The first two reach into private names of statekeeper (``store._working_copy._options``,
-``StateStore._copy._db``); if those change, :func:`deterministic_rocksdb` raises rather than
-letting runs silently diverge (the determinism test would catch that too).
+``StateStore._copy._db`` and its ``wait``); if those change, :func:`deterministic_rocksdb`
+raises rather than letting runs silently diverge (the determinism test would catch that
+too).
 """
 
 from __future__ import annotations
@@ -85,9 +86,15 @@ def deterministic_rocksdb() -> Iterator[None]:
 
 
 def settle(store: sk.StateStore) -> None:
-    """Compact the store's working copy now if RocksDB would have done so by itself."""
-    db = getattr(getattr(store, "_copy", None), "_db", None)
-    if db is None or store.closed:
+    """Compact the store's working copy now if RocksDB would have done so by itself (once
+    the last commit's write, which runs behind the commit, has landed)."""
+    copy = getattr(store, "_copy", None)
+    db = getattr(copy, "_db", None)
+    if copy is None or db is None or store.closed:
         return
+    try:
+        copy.wait()
+    except sk.StateKeeperError:
+        return  # the store raises it at its next use
     if db.property_int_value("rocksdb.num-files-at-level0") >= _L0_COMPACTION_TRIGGER:
         db.compact_range(None, None)

@@ -130,6 +130,7 @@ def test_snapshot_of_a_few_changed_keys_uploads_only_new_sst_and_mutable_files(
 def _settle(store: sk.StateStore) -> None:
     """Compact everything now and wait until no compaction runs (white box: background
     compactions are timing-dependent, and one between two snapshots rewrites the files)."""
+    store._copy.wait()  # the last commit's write runs behind it
     db = store._copy._db
     db.compact_range(None, None)
     deadline = time.monotonic() + 60

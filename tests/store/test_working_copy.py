@@ -167,24 +167,40 @@ def test_columns_apply_as_their_pairs_do_with_the_same_undo_record(
         copy.close()
 
 
-def test_a_batch_prepared_on_another_thread_writes_once_and_never_after_another_write(
-    tmp_path: Path,
-) -> None:
-    """A commit prepares its batch on a helper thread while it uploads; the write takes it
-    with the new label. A batch prepared before another write is refused: its undo record
-    describes a step from a label the copy no longer has."""
+def test_a_write_behind_is_seen_by_every_later_call_from_any_thread(tmp_path: Path) -> None:
+    """A commit's write runs on a helper thread after the commit returns; reads, labels,
+    checkpoints (the snapshot thread) and close all wait for it, so none sees the version
+    before it, and the undo record is the one of the new version's parent."""
     copy = _copy(tmp_path)
     copy.apply([(b"a", b"1")], version=1, root_id=ROOT, attempt="A1")
-    with ThreadPoolExecutor(1) as pool:
-        prepared = pool.submit(copy.prepare, Columns.of([(b"a", b"2"), (b"b", b"2")]), undo=True)
-        stale = pool.submit(copy.prepare, [(b"c", b"3")], undo=True).result()
-        copy.write(prepared.result(), version=2, root_id=ROOT, attempt="A2")
+    columns = Columns.of([(b"a", b"2"), (b"b", b"2")])
+    copy.write_behind(columns, version=2, root_id=ROOT, attempt="A2")
+    with ThreadPoolExecutor(1) as pool:  # another thread: the snapshot's checkpoint
+        assert pool.submit(copy.checkpoint, str(tmp_path / "cp")).result() == (2, "A2")
     assert (copy.version, copy.attempt, _items(copy)) == (2, "A2", {b"a": b"2", b"b": b"2"})
-    with pytest.raises(StateKeeperError, match="was written after this batch was prepared"):
-        copy.write(stale, version=3, root_id=ROOT, attempt="A3")
-    assert (copy.version, _items(copy)) == (2, {b"a": b"2", b"b": b"2"})
-    assert copy.step_back(version=1, attempt="A1")
-    assert _items(copy) == {b"a": b"1"}
+    copy.write_behind(Columns.of([(b"c", b"3")]), version=3, root_id=ROOT, attempt="A3")
+    copy.close()  # waits, then flushes: the write is on disk
+    copy = _copy(tmp_path)
+    assert (copy.version, _items(copy)) == (3, {b"a": b"2", b"b": b"2", b"c": b"3"})
+    assert copy.step_back(version=2, attempt="A2")
+    assert _items(copy) == {b"a": b"2", b"b": b"2"}
+    copy.close()
+
+
+def test_a_failed_write_behind_is_raised_by_every_later_call_and_close_still_works(
+    tmp_path: Path,
+) -> None:
+    copy = _copy(tmp_path)
+    copy.apply([(b"a", b"1")], version=1, root_id=ROOT, attempt="A1")
+    # A value RocksDB's write batch refuses: the helper's write fails before writing.
+    bad = Columns.trusted([b"a"], ["not bytes"])  # type: ignore[list-item]
+    copy.write_behind(bad, version=2, root_id=ROOT, attempt="A2")
+    for _ in range(2):
+        with pytest.raises(StateKeeperError, match="the write of version 2 to the local"):
+            copy.get(b"a")
+    copy.close()  # logs the failure, releases the database
+    copy = _copy(tmp_path)
+    assert (copy.version, _items(copy)) == (1, {b"a": b"1"})
     copy.close()
 
 

@@ -20,7 +20,6 @@ import operator
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TypeVar
@@ -43,9 +42,8 @@ from statekeeper.metrics import CommitMetrics, from_commit
 from statekeeper.snapshot import SnapshotMetrics
 from statekeeper.storage import BlobStore, put_stream
 from statekeeper.store._changelogs import changelog_parts, prefix_length
-from statekeeper.store._overlap import prepare_in_background, settle
 from statekeeper.store._snapshots import SnapshotJob, Snapshotter, write_metrics_quietly
-from statekeeper.store._working_copy import DamagedCopyError, PreparedWrite, WorkingCopy
+from statekeeper.store._working_copy import DamagedCopyError, WorkingCopy
 
 __all__ = ["CommitInfo", "RestoreInfo", "StateStore"]
 
@@ -80,9 +78,10 @@ class CommitInfo:
     """Where ``duration_s`` went, in milliseconds, by phase: ``encode`` (sorting and
     framing the changes), ``compress``, ``checksum``, ``upload`` (blob-store writes of the
     changelog and the manifest, their fsyncs excluded), ``fsync`` (local root only),
-    ``apply`` (the RocksDB write of the working copy; a one-part commit's write batch is
-    built on a helper thread while the changelog uploads, and counts in no phase) and
-    ``other`` (the rest), which add up to ``duration_s``; a snapshot-mode commit reports
+    ``apply`` (the RocksDB write of the working copy: a one-part commit, nearly every
+    commit, writes it on a helper thread after it returns, so this is the wait for the
+    previous commit's write, if still running; a commit of several parts writes its own)
+    and ``other`` (the rest), which add up to ``duration_s``; a snapshot-mode commit reports
     ``snapshot`` for its upload. Every ``metrics_every`` commits, ``metrics`` is the write
     of the buffered commit metrics, which follows the recorded duration (a commit cannot
     record its own recording)."""
@@ -152,6 +151,8 @@ class StateStore:
         self._rebuild = rebuild
         self._job: SnapshotJob | None = None
         self._metrics: list[CommitMetrics] = []
+        self._behind: tuple[int, str] | None = None
+        """Version and attempt the working copy is being written with after the commit."""
         self.restore_info = restore_info
 
     def __repr__(self) -> str:
@@ -225,11 +226,14 @@ class StateStore:
         if not isinstance(prefix, bytes | bytearray | memoryview):
             raise TypeError(f"prefix must be bytes, got {type(prefix).__name__}")
         prefix = bytes(prefix)
+        self._settle()
         overlay = sorted((k, v) for k, v in self._pending.items() if k.startswith(prefix))
         return _merge(self._scan_committed(prefix), overlay)
 
     def _read(self, read: Callable[[WorkingCopy], _T]) -> _T:
         """``read`` from the working copy; a damaged copy is rebuilt once, then read again."""
+        if self._behind is not None:
+            self._settle()
         try:
             return read(self._copy)
         except DamagedCopyError as exc:
@@ -347,17 +351,26 @@ class StateStore:
         where the time went. Every ``snapshot_every`` versions a snapshot is scheduled in the
         background. In snapshot mode the commit is an incremental snapshot.
 
+        A changelog-mode commit returns once the version is durable in the blob store; its
+        write to the local working copy runs on a helper thread, and the store's next read,
+        commit or close waits for it. Should that write fail (a full local disk), that next
+        call raises the error and the store is failed: the version is committed all the
+        same, and a reopened store catches up from the blob store.
+
         Raises:
             CommitConflictError: the commit was refused; the store is then failed and must
                 be reopened.
             StorageError: the upload failed; in changelog mode the writes are kept and
                 commit can be retried, in snapshot mode the store is failed.
-            StateKeeperError: the store is closed or failed.
+            StateKeeperError: the store is closed or failed, or the previous commit's write
+                to the working copy failed (the store is then failed).
         """
         self._check_open()
         started = time.perf_counter_ns()
         order = PLAIN_ORDER if order is None else _check_order(order)
         with phases.measure() as spent:
+            with phases.phase("apply"):
+                self._settle()  # the previous commit's write to the working copy
             info = self._commit(order, started)
             elapsed = time.perf_counter_ns() - started
             info = dataclasses.replace(
@@ -449,29 +462,28 @@ class StateStore:
 
         key = layout.attempt_changelog_key(self._operator, self._partition, new_version, attempt)
         parts = encode()
-        # One part (nearly every commit): its write batch is built while the changelog is
-        # compressed and uploaded; only the write waits for the commit point (_overlap).
-        prepared = prepare_in_background(self._copy, columns) if parts.count == 1 else None
         try:
-            try:
-                size = self._upload_changelog(key, parts, encode)
-            except CommitConflictError:
-                # The name is this attempt's own: an earlier try of this commit wrote it
-                # (the same changes: any change since makes a new attempt).
-                _log.info("changelog %s was written by an earlier try of this commit", key)
-                size = 0
-            with phases.phase("upload"):
-                adopted = self._publish(new_version, attempt, order, "changelog", key, columns)
-        except BaseException:
-            if prepared is not None:
-                settle(prepared)
-            raise
+            size = self._upload_changelog(key, parts, encode)
+        except CommitConflictError:
+            # The name is this attempt's own: an earlier try of this commit wrote it (the
+            # same changes: any change since makes a new attempt).
+            _log.info("changelog %s was written by an earlier try of this commit", key)
+            size = 0
+        with phases.phase("upload"):
+            adopted = self._publish(new_version, attempt, order, "changelog", key, columns)
+        if parts.count == 1:
+            # Nearly every commit: written to the copy after the commit returns (_overlap).
+            self._copy.write_behind(
+                columns, version=new_version, root_id=self._root_id, attempt=adopted or attempt
+            )
+            self._behind = new_version, adopted or attempt
+            return key, size
         slices = None
         if parts.count > 1:  # as the changelog is written: a part at a time
             slices = [
                 (start, stop) for start, stop, _ in columns.split(self._config.changelog_part_bytes)
             ]
-        self._apply_locally(columns, new_version, adopted or attempt, slices, prepared)
+        self._apply_locally(columns, new_version, adopted or attempt, slices)
         return key, size
 
     def _upload_changelog(
@@ -504,14 +516,12 @@ class StateStore:
         version: int,
         attempt: str,
         slices: list[tuple[int, int]] | None = None,
-        prepared: Future[PreparedWrite] | None = None,
     ) -> None:
         """Apply a committed version to the working copy (with the undo record that steps
-        it back), and flush if due: the batch ``prepared`` while uploading, if given. With
-        ``slices`` (a commit of several changelog parts) each slice of ``columns`` is its
-        own write, so RocksDB holds one slice's batch at a time; the copy is labelled dirty
-        until the last (a crash in between leaves a copy no open trusts, never a mix
-        labelled as a version).
+        it back), and flush if due. With ``slices`` (a commit of several changelog parts)
+        each slice of ``columns`` is its own write, so RocksDB holds one slice's batch at a
+        time; the copy is labelled dirty until the last (a crash in between leaves a copy
+        no open trusts, never a mix labelled as a version).
 
         Raises:
             StateKeeperError: the local write failed (a full disk, a damaged copy): the
@@ -524,12 +534,6 @@ class StateStore:
             self._job.ensure_checkpoint()
         try:
             with phases.phase("apply"):
-                if prepared is not None:
-                    self._copy.write(
-                        prepared.result(), version=version, root_id=self._root_id,
-                        attempt=attempt,
-                    )  # fmt: skip
-                    slices = []
                 for i, (start, stop) in enumerate(slices):
                     self._copy.apply(
                         columns if len(slices) == 1 else columns.slice(start, stop),
@@ -690,6 +694,22 @@ class StateStore:
         _log.info("version %s already committed with identical content: accepted", key)
         return entry.attempt
 
+    def _settle(self) -> None:
+        """Wait for the working copy's write of the last commit (``write_behind``).
+
+        Raises:
+            StateKeeperError: that write failed: the store is failed (the version is
+                committed all the same).
+        """
+        if self._behind is None:
+            return
+        version, attempt = self._behind
+        try:
+            self._copy.wait()
+        except StateKeeperError as exc:
+            raise self._local_failure(version, attempt, exc, committed=True) from exc
+        self._behind = None
+
     def _maybe_schedule_snapshot(self) -> bool:
         if self._config.mode == "snapshot":
             return False
@@ -712,6 +732,7 @@ class StateStore:
             StateKeeperError: the store is closed or failed, or the upload failed.
         """
         self._check_open()
+        self._settle()
         job = SnapshotJob(
             self._copy, self._operator, self._partition, root_id=self._root_id,
             manifest=self._manifest,

@@ -32,6 +32,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import rocksdict
@@ -54,6 +55,7 @@ from statekeeper.store._local_disk import (
     holding_lock,
     set_aside,
 )
+from statekeeper.store._overlap import submit
 
 __all__ = [
     "SHARED_MEMORY",
@@ -208,15 +210,14 @@ def _options(*, write_buffer_mb: int, memory_mb: int) -> rocksdict.Options:
     return opts
 
 
-@dataclass(frozen=True, slots=True)
-class PreparedWrite:
-    """Changes as a RocksDB write batch, not yet written (:meth:`WorkingCopy.prepare`)."""
+@dataclass(slots=True)
+class _Behind:
+    """A write running on a helper thread (:meth:`WorkingCopy.write_behind`)."""
 
-    batch: rocksdict.WriteBatch
-    undo: bytes | None
-    """The undo record of the changes against ``parent``, if one is kept."""
-    parent: Label | None
-    """The copy's label when the batch was prepared."""
+    version: int
+    future: Future[None] | None = None
+    thread: int | None = None
+    """The helper thread's id once the write runs: its own calls on the copy do not wait."""
 
 
 class WorkingCopy:
@@ -270,6 +271,7 @@ class WorkingCopy:
         # Serializes writes, checkpoints and close: a checkpoint taken by the background
         # snapshot thread must hold exactly one labelled version.
         self._lock = threading.Lock()
+        self._behind: _Behind | None = None
 
     def _open_db(self) -> tuple[rocksdict.Rdict, Label | None]:
         """Open the database and read its label; a copy that fails either is set aside and
@@ -326,32 +328,44 @@ class WorkingCopy:
     @property
     def attempt(self) -> str:
         """The attempt whose content the labelled version is (``""`` if unlabelled or 0)."""
+        if self._behind is not None:
+            self._wait()
         return "" if self._label is None else self._label.attempt
 
     @property
     def version(self) -> int | None:
         """The committed version this copy holds, or ``None`` if fresh or not trustworthy."""
+        if self._behind is not None:
+            self._wait()
         label = self._label
         return None if label is None or label.dirty else label.version
 
     @property
     def label(self) -> int | None:
         """The version label as written, committed or not."""
+        if self._behind is not None:
+            self._wait()
         return None if self._label is None else self._label.version
 
     @property
     def dirty(self) -> bool:
         """True if the data holds a version not yet committed to the blob store."""
+        if self._behind is not None:
+            self._wait()
         return self._label is not None and self._label.dirty
 
     @property
     def root_id(self) -> str | None:
         """The id of the checkpoint root this copy was built from, if labelled."""
+        if self._behind is not None:
+            self._wait()
         return None if self._label is None else self._label.root_id
 
     @property
     def can_step_back(self) -> bool:
         """True if the copy keeps the undo record of the commit that made its version."""
+        if self._behind is not None:
+            self._wait()
         return self._label is not None and self._label.has_undo
 
     # -- reads ----------------------------------------------------------------------------
@@ -362,6 +376,8 @@ class WorkingCopy:
         Raises:
             DamagedCopyError: RocksDB failed the read.
         """
+        if self._behind is not None:
+            self._wait()
         try:
             value = self._db.get(key)
         except Exception as exc:  # rocksdict raises a bare Exception for every failure
@@ -374,6 +390,8 @@ class WorkingCopy:
         Raises:
             DamagedCopyError: RocksDB failed the read.
         """
+        if self._behind is not None:
+            self._wait()
         if not keys:
             return []
         try:
@@ -393,6 +411,8 @@ class WorkingCopy:
         Raises:
             DamagedCopyError: RocksDB failed the read (never a silently shorter scan).
         """
+        if self._behind is not None:
+            self._wait()
         start: bytes | None = prefix if after is None else after
         inclusive = after is None
         while start is not None:
@@ -441,34 +461,22 @@ class WorkingCopy:
         undo: bool = False,
     ) -> None:
         """Apply puts (value) and deletes (``None``) and label the copy ``version`` of
-        ``attempt``, atomically: :meth:`prepare`, then :meth:`write`.
+        ``attempt``, atomically (one write batch holds the changes and the label).
 
-        With ``dirty`` the copy is also marked as holding a version not yet durable in the
-        blob store, until :meth:`mark_clean`. With ``undo`` (a commit on top of the labelled
-        version) the label also keeps the old values of the changed keys, so that
-        :meth:`step_back` can return to the labelled version without a download.
+        ``changes`` are ``(key, value)`` pairs (value ``None``: a delete; a key may repeat,
+        the last wins), or the :class:`Columns` a commit encoded (keys unique, as a
+        commit's are: then puts and deletes need not interleave). With ``dirty`` the copy
+        is also marked as holding a version not yet durable in the blob store, until
+        :meth:`mark_clean`. With ``undo`` (a commit on top of the labelled version) the
+        label also keeps the old values of the changed keys, so that :meth:`step_back` can
+        return to the labelled version without a download.
 
         Raises:
             DamagedCopyError: reading the old values failed.
             StateKeeperError: RocksDB failed the write; the copy keeps its previous version.
         """
-        prepared = self.prepare(changes, undo=undo)
-        self.write(prepared, version=version, root_id=root_id, attempt=attempt, dirty=dirty)
-
-    def prepare(
-        self, changes: Iterable[tuple[bytes, bytes | None]] | Columns, *, undo: bool = False
-    ) -> PreparedWrite:
-        """The write batch of ``changes``, and with ``undo`` their undo record against the
-        labelled version, built but not written: nothing changes until :meth:`write`. May
-        run on another thread than the one that writes, while nothing else writes.
-
-        ``changes`` are ``(key, value)`` pairs (value ``None``: a delete; a key may
-        repeat, the last wins), or the :class:`Columns` a commit encoded (keys unique, as a
-        commit's are: then puts and deletes need not interleave).
-
-        Raises:
-            DamagedCopyError: reading the old values failed.
-        """
+        if self._behind is not None:
+            self._wait()
         batch = rocksdict.WriteBatch(raw_mode=True)
         if isinstance(changes, Columns):
             keys = changes.keys
@@ -477,37 +485,58 @@ class WorkingCopy:
             pairs = list(changes)
             keys = [key for key, _ in pairs] if undo else []
             _fill_pairs(batch, pairs)
-        parent = self._label
-        return PreparedWrite(batch, self._undo_record(keys) if undo else None, parent)
+        record = self._undo_record(keys) if undo else None
+        label = pack_label(version, dirty=dirty, root_id=root_id, attempt=attempt, undo=record)
+        batch.put(LABEL_KEY, label)
+        self._write(batch, parse_label(label)[0])
+        self._flush_if_over_share()
 
-    def write(
-        self,
-        prepared: PreparedWrite,
-        *,
-        version: int,
-        root_id: str,
-        attempt: str,
-        dirty: bool = False,
-    ) -> None:
-        """Write a :meth:`prepare`-d batch with the label of ``version`` of ``attempt`` (and
-        its undo record) in the same write: atomically. A batch prepared against another
-        label than the copy's is refused (its undo record would step back elsewhere).
+    def write_behind(self, columns: Columns, *, version: int, root_id: str, attempt: str) -> None:
+        """:meth:`apply` a committed version's ``columns`` with its undo record, then
+        :meth:`flush_if_due`, on a helper thread (:mod:`statekeeper.store._overlap`), and
+        return at once.
+
+        Every other method waits for the write first, from any thread, so whoever uses the
+        copy next sees the new version, and a crash before the write lands leaves the
+        previous one (the blob store has the new one: the next open catches up). If the
+        write fails, the next call raises its error, as does every call after it.
+        """
+        if self._behind is not None:
+            self._wait()
+        job = _Behind(version)
+
+        def run() -> None:
+            job.thread = threading.get_ident()
+            self.apply(columns, version=version, root_id=root_id, attempt=attempt, undo=True)
+            self.flush_if_due()
+
+        job.future = submit(run)
+        self._behind = job
+
+    def wait(self) -> None:
+        """Wait for the write :meth:`write_behind` started, if any.
 
         Raises:
-            StateKeeperError: RocksDB failed the write (the copy keeps its previous
-                version), or the copy was written since the batch was prepared.
+            StateKeeperError: that write failed; the copy holds the version before it, and
+                every later call raises this too (close the copy, without flushing).
         """
-        if prepared.parent is not self._label:
+        if self._behind is not None:
+            self._wait()
+
+    def _wait(self) -> None:
+        job = self._behind
+        if job is None or job.thread == threading.get_ident():
+            return  # the helper's own calls
+        assert job.future is not None
+        try:
+            job.future.result()
+        except Exception as exc:  # whatever it was, the write did not land
             raise StateKeeperError(
-                f"the local working copy {self.path} was written after this batch was "
-                "prepared: prepare it again"
-            )
-        label = pack_label(
-            version, dirty=dirty, root_id=root_id, attempt=attempt, undo=prepared.undo
-        )
-        prepared.batch.put(LABEL_KEY, label)
-        self._write(prepared.batch, parse_label(label)[0])
-        self._flush_if_over_share()
+                f"the write of version {job.version} to the local working copy {self.path} "
+                f"failed: {exc}"
+            ) from exc
+        if self._behind is job:
+            self._behind = None
 
     def _flush_if_over_share(self) -> None:
         """Flush this copy's memtable if the process's memtables are over their bound and
@@ -540,6 +569,8 @@ class WorkingCopy:
             DamagedCopyError: reading the label failed.
             StateKeeperError: RocksDB failed the write; the copy is unchanged.
         """
+        if self._behind is not None:
+            self._wait()
         label = self._label
         if label is None or not label.has_undo or label.version != version + 1:
             return False
@@ -563,6 +594,8 @@ class WorkingCopy:
         Raises:
             StateKeeperError: the copy is unlabelled, or RocksDB failed the write.
         """
+        if self._behind is not None:
+            self._wait()
         label = self._label
         raw = self._raw_label()
         if label is None or raw is None:
@@ -597,6 +630,8 @@ class WorkingCopy:
         Raises:
             StateKeeperError: the copy is unlabelled or closed, or RocksDB failed.
         """
+        if self._behind is not None:
+            self._wait()
         with self._lock:
             if self._closed:
                 raise StateKeeperError(f"the local working copy {self.path} is closed")
@@ -624,6 +659,8 @@ class WorkingCopy:
         Raises:
             StateKeeperError: the flush failed, or could not be started.
         """
+        if self._behind is not None:
+            self._wait()
         if time.monotonic() - self._last_flush < self._checkpoint_interval_s:
             return False
         held = self._db.property_int_value("rocksdb.cur-size-active-mem-table") or 0
@@ -638,6 +675,8 @@ class WorkingCopy:
         Raises:
             StateKeeperError: RocksDB failed the flush; the message says how full the disk is.
         """
+        if self._behind is not None:
+            self._wait()
         try:
             with self._lock:
                 self._db.flush(wait=wait)
@@ -656,6 +695,11 @@ class WorkingCopy:
         """
         if self._closed:
             return
+        try:
+            self.wait()
+        except StateKeeperError as exc:
+            _log.warning("%s; closing the copy anyway: the next open catches up", exc)
+            self._behind = None
         try:
             if flush:
                 try:
