@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +37,23 @@ def test_local_copy_ttl_must_be_finite_seconds(value: object) -> None:
 
 def test_a_zero_ttl_is_allowed() -> None:
     assert sk.StoreConfig(local_copy_ttl_s=0).local_copy_ttl_s == 0
+
+
+@pytest.mark.parametrize("value", [-1, 2.5, True, "24"])
+def test_the_background_write_rate_is_a_non_negative_int(value: object) -> None:
+    with pytest.raises(
+        ValueError, match=r"StoreConfig\.background_write_mb_s must be an int >= 0"
+    ) as info:
+        sk.StoreConfig(background_write_mb_s=value)  # type: ignore[arg-type]
+    assert f"got {value!r}" in str(info.value)
+
+
+def test_a_working_copy_opens_with_a_write_rate_limit_and_without(tmp_path: Path) -> None:
+    for rate in (0, 24):
+        config = sk.StoreConfig(local_dir=str(tmp_path / str(rate)), background_write_mb_s=rate)
+        root = str(tmp_path / f"root{rate}")
+        with sk.StateBackend(root, config=config) as backend, backend.open("op", 0) as store:
+            store.put(b"k", b"v")
+            store.commit()
+        with sk.StateBackend(root, config=config) as backend, backend.open("op", 0) as store:
+            assert store.get(b"k") == b"v"

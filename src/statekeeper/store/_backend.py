@@ -416,6 +416,7 @@ class StateBackend:
             write_buffer_mb=self._config.write_buffer_mb,
             memory_mb=self._config.rocksdb_memory_mb,
             checkpoint_interval_s=self._config.local_checkpoint_interval_s,
+            write_mb_s=self._config.background_write_mb_s,
         )
         if step_back is not None:
             try:

@@ -183,7 +183,7 @@ def _background_env() -> rocksdict.Env:
         return _env
 
 
-def _options(*, write_buffer_mb: int, memory_mb: int) -> rocksdict.Options:
+def _options(*, write_buffer_mb: int, memory_mb: int, write_mb_s: int = 0) -> rocksdict.Options:
     cache, buffers = SHARED_MEMORY.reserve(memory_mb)
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
@@ -195,6 +195,8 @@ def _options(*, write_buffer_mb: int, memory_mb: int) -> rocksdict.Options:
     opts.set_level_zero_slowdown_writes_trigger(_L0_SLOWDOWN_FILES)
     opts.set_level_zero_stop_writes_trigger(_L0_STOP_FILES)
     opts.set_bytes_per_sync(_BYTES_PER_SYNC)
+    if write_mb_s:  # flushes and compactions (StoreConfig.background_write_mb_s)
+        opts.set_ratelimiter(write_mb_s << 20, 100_000, 10)
     opts.set_max_background_jobs(2)
     opts.set_level_compaction_dynamic_level_bytes(True)
     opts.set_compression_type(rocksdict.DBCompressionType.lz4())
@@ -234,12 +236,14 @@ class WorkingCopy:
         memory_mb: int,
         checkpoint_interval_s: float,
         compactions: bool = True,
+        write_mb_s: int = 0,
     ) -> None:
         """Open (creating if needed) the working copy at ``path``; one that RocksDB cannot
         open, or whose label cannot be read, is set aside and a new one created.
 
         Its RocksDB memory comes from the process's shared budget (:class:`_SharedMemory`),
-        grown to ``memory_mb`` if smaller; its memtable is at most ``write_buffer_mb``.
+        grown to ``memory_mb`` if smaller; its memtable is at most ``write_buffer_mb``, and
+        its flushes and compactions write at most ``write_mb_s`` MiB/s (0: no limit).
 
         Raises:
             StateKeeperError: the directory is already open in this process or in use by
@@ -255,7 +259,9 @@ class WorkingCopy:
                 )
             _open_paths.add(self.path)
         try:
-            self._opts = _options(write_buffer_mb=write_buffer_mb, memory_mb=memory_mb)
+            self._opts = _options(
+                write_buffer_mb=write_buffer_mb, memory_mb=memory_mb, write_mb_s=write_mb_s
+            )
             # Off for a copy whose files must stay those of its snapshot (a rescale's parent).
             self._opts.set_disable_auto_compactions(not compactions)
             self._db, self._label = self._open_db()
