@@ -187,22 +187,3 @@ def test_a_later_part_must_be_format_3() -> None:
     second[4:6] = (2).to_bytes(2, "big")
     with pytest.raises(CorruptStateError, match="format version of a later part"):
         decode_changelog(b"".join(_chain_crc([parts[0], bytes(second), *parts[2:]])), blob=BLOB)
-
-
-def test_a_body_over_a_megabyte_is_compressed_while_framed_and_decodes_the_same() -> None:
-    """A body of 1 MiB or more is framed a slice at a time and compressed by zstd's worker
-    thread meanwhile (one frame recording the body length); its bytes are deterministic,
-    and it decodes to the records, deletes included, as the one-call path's blob does."""
-    big = [(b"user:%012d" % i, None if i % 97 == 0 else os.urandom(100)) for i in range(12_000)]
-    small = big[:2_000]  # about 240 KB of body: framed, then compressed in one call
-
-    def encode(records: list[tuple[bytes, bytes | None]]) -> bytes:
-        return encode_changelog(records, base_version=7, version=8, identity=IDENTITY)
-
-    blob = encode(big)
-    header = read_header(blob[:MAX_HEADER_SIZE], blob=BLOB)
-    assert header.body_length >= 1 << 20
-    assert header.stored_length < header.body_length  # compressed...
-    assert encode(big) == blob  # ...deterministically
-    assert decode_changelog(blob, blob=BLOB, expected=(8, IDENTITY)).records == big
-    assert decode_changelog(encode(small), blob=BLOB, expected=(8, IDENTITY)).records == small

@@ -240,18 +240,16 @@ class _PartEncoder:
         self._crc: int | None = None
 
     def encode(self, columns: Columns, start: int, stop: int, *, more: bool) -> bytes:
-        length = columns.body_length(start, stop)
-        if self._compression != "none" and length >= _OVERLAP_BODY:
-            stored = _frame_and_compress(columns, start, stop, length, self._level)
-        else:
-            with phase("encode"):
-                body = columns.frame(start, stop)
-            with phase("compress"):
-                stored = (
-                    body if self._compression == "none" else _compressor(self._level).compress(body)
-                )
+        with phase("encode"):
+            body = columns.frame(start, stop)
+        with phase("compress"):
+            stored = (
+                body if self._compression == "none" else _compressor(self._level).compress(body)
+            )
         flags = MORE_PARTS if more else 0
-        head = HEADER.pack(*self._head, flags, *self._versions, stop - start, length, len(stored))
+        head = HEADER.pack(
+            *self._head, flags, *self._versions, stop - start, len(body), len(stored)
+        )
         with phase("checksum"):
             # The CRC32C covers every byte of the part but its own field, continuing from the
             # previous part's CRC32C: a part dropped, repeated or moved fails its check.
@@ -480,53 +478,15 @@ def _check_codec(compression: object, level: object) -> int:
     return codec_id
 
 
-_OVERLAP_BODY: Final = 1 << 20
-"""Bodies at least this long are compressed by a zstd worker thread while Python frames the
-rest (:func:`_frame_and_compress`); shorter ones in one call, after framing."""
-_OVERLAP_JOB: Final = 1 << 19
-"""Bytes of body per zstd job (its minimum): the worker starts once this much is framed."""
-_SLICE_RECORDS: Final = 2048
-
-
-def _frame_and_compress(columns: Columns, start: int, stop: int, length: int, level: int) -> bytes:
-    """The zstd frame of the body of records ``start`` to ``stop`` (``length`` bytes),
-    framed a slice at a time and fed to a compressor whose worker thread compresses each
-    job of ``_OVERLAP_JOB`` bytes while Python frames the next slices: the two costs of a
-    large commit's encoding overlap instead of adding up. One frame, recording ``length``,
-    as :func:`_compressor`'s; its bytes depend only on the body (not on the slicing)."""
-    compressing = _compressor(level, worker=True).compressobj(size=length)
-    out: list[bytes] = []
-    for first in range(start, stop, _SLICE_RECORDS):
-        last = min(stop, first + _SLICE_RECORDS)
-        with phase("encode"):
-            piece = columns.frame(first, last, end=last == stop)
-        with phase("compress"):
-            out.append(compressing.compress(piece))
-    with phase("compress"):
-        out.append(compressing.flush())
-    return b"".join(out)
-
-
-def _compressor(level: int, *, worker: bool = False) -> zstandard.ZstdCompressor:
-    """This thread's zstd compressor of ``level`` (with one worker thread of its own, which
-    compresses while the caller goes on, if ``worker``)."""
-    cache: dict[tuple[int, bool], zstandard.ZstdCompressor] | None = getattr(
-        _local, "compressors", None
-    )
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    cache: dict[int, zstandard.ZstdCompressor] | None = getattr(_local, "compressors", None)
     if cache is None:
         cache = _local.compressors = {}
-    compressor = cache.get((level, worker))
+    compressor = cache.get(level)
     if compressor is None:
         # write_content_size (the default) records the body length in the frame header,
         # which lets the reader check it before allocating anything.
-        if worker:
-            params = zstandard.ZstdCompressionParameters.from_level(
-                level, threads=1, job_size=_OVERLAP_JOB
-            )
-            compressor = zstandard.ZstdCompressor(compression_params=params)
-        else:
-            compressor = zstandard.ZstdCompressor(level=level)
-        cache[(level, worker)] = compressor
+        compressor = cache[level] = zstandard.ZstdCompressor(level=level)
     return compressor
 
 

@@ -197,15 +197,14 @@ class Columns:
             start, before = stop, ends[stop - 1]
         return runs
 
-    def frame(self, start: int, stop: int, *, end: bool = True) -> bytes:
-        """The body framing records ``start`` to ``stop``, with the end marker unless told
-        not to (a body framed a slice at a time)."""
+    def frame(self, start: int, stop: int) -> bytes:
+        """The body framing records ``start`` to ``stop``, end marker included."""
         whole = start == 0 and stop >= len(self.keys)
         keys = self.keys if whole else self.keys[start:stop]
         values = self.values if whole else self.values[start:stop]
         field = _packed.__getitem__
         count = len(keys)
-        parts: list[bytes] = [b""] * (4 * count + end)
+        parts: list[bytes] = [b""] * (4 * count + 1)
         parts[0 : 4 * count : 4] = map(field, self.key_lengths[start:stop])
         parts[1 : 4 * count : 4] = keys
         parts[2 : 4 * count : 4] = map(field, self.value_lengths[start:stop])
@@ -214,8 +213,7 @@ class Columns:
             parts[3 : 4 * count : 4] = [b"" if v is None else v for v in values]
         else:
             parts[3 : 4 * count : 4] = values  # type: ignore[assignment]
-        if end:
-            parts[-1] = _MINUS_ONE
+        parts[-1] = _MINUS_ONE
         return b"".join(parts)
 
 
