@@ -229,7 +229,7 @@ def commit_scale_section(runs: list[dict[str, Any]]) -> list[str]:
         "the store API first; the timed commits run while RocksDB compacts what loading left. "
         "Peak RSS: the whole process, loading included. One run per size, load average at "
         "its end (the machine is shared: compare rows of one run only). Not part of `make "
-        "bench` (the 50M-key run loads for ~17 minutes and takes 11 GB of disk): "
+        "bench` (the 50M-key run loads for 12-17 minutes and takes 11 GB of disk): "
         "`benchmarks/commit.py --sizes 10000000 --commits 100 --out "
         "benchmarks/results/commit_scale_10m.json` and `--sizes 50000000 --commits 100 "
         "--load-batch 1000000 --protocols current --out "
