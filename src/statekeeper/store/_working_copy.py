@@ -523,8 +523,9 @@ class WorkingCopy:
         """Wait for the write :meth:`write_behind` started, if any.
 
         Raises:
-            StateKeeperError: that write failed; the copy holds the version before it, and
-                every later call raises this too (close the copy, without flushing).
+            StateKeeperError: that write (or the flush after it) failed, and every later
+                call raises this too: close the copy without flushing (what is on disk is
+                then a version it labelled, which the next open catches up from).
         """
         if self._behind is not None:
             self._wait()
