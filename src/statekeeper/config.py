@@ -102,8 +102,8 @@ class StoreConfig:
             raise ValueError(
                 f"StoreConfig.compression must be one of {_COMPRESSIONS}, got {self.compression!r}"
             )
-        _positive_int("snapshot_every", self.snapshot_every)
-        _positive_int("metrics_every", self.metrics_every)
+        _int_at_least("snapshot_every", self.snapshot_every)
+        _int_at_least("metrics_every", self.metrics_every)
         if not isinstance(self.changelog_part_bytes, int) or not (
             _MIN_PART_BYTES <= self.changelog_part_bytes <= _MAX_PART_BYTES
         ):
@@ -111,21 +111,13 @@ class StoreConfig:
                 f"StoreConfig.changelog_part_bytes must be an int in [{_MIN_PART_BYTES}, "
                 f"{_MAX_PART_BYTES}], got {self.changelog_part_bytes!r}"
             )
-        _positive_int("retain_versions", self.retain_versions)
-        _positive_int("chunk_size", self.chunk_size)
-        _positive_int("io_threads", self.io_threads)
-        _positive_int("write_buffer_mb", self.write_buffer_mb)
-        if (
-            isinstance(self.background_write_mb_s, bool)
-            or not isinstance(self.background_write_mb_s, int)
-            or self.background_write_mb_s < 0
-        ):
-            raise ValueError(
-                "StoreConfig.background_write_mb_s must be an int >= 0 (0: no limit), got "
-                f"{self.background_write_mb_s!r}"
-            )
-        _positive_int("rocksdb_memory_mb", self.rocksdb_memory_mb)
-        _positive_int("max_open_stores", self.max_open_stores)
+        _int_at_least("retain_versions", self.retain_versions)
+        _int_at_least("chunk_size", self.chunk_size)
+        _int_at_least("io_threads", self.io_threads)
+        _int_at_least("write_buffer_mb", self.write_buffer_mb)
+        _int_at_least("background_write_mb_s", self.background_write_mb_s, low=0)
+        _int_at_least("rocksdb_memory_mb", self.rocksdb_memory_mb)
+        _int_at_least("max_open_stores", self.max_open_stores)
         if (
             isinstance(self.compression_level, bool)
             or not isinstance(self.compression_level, int)
@@ -154,9 +146,9 @@ class StoreConfig:
         return os.fspath(self.local_dir)
 
 
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"StoreConfig.{name} must be an int >= 1, got {value!r}")
+def _int_at_least(name: str, value: object, *, low: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"StoreConfig.{name} must be an int >= {low}, got {value!r}")
 
 
 def _non_negative(name: str, value: object) -> None:

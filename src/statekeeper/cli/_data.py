@@ -22,7 +22,7 @@ from rich.text import Text
 from statekeeper.cli._app import Env, UsageFailure, cli, env_of, output_options
 from statekeeper.cli._open import Root, open_root, root_arguments
 from statekeeper.cli._progress import Bars
-from statekeeper.cli._render import human_bytes, show_bytes
+from statekeeper.cli._render import human_bytes, show_bytes, shown, shown_key
 from statekeeper.errors import StateKeeperError
 from statekeeper.keyed import StateDecoder, iter_timers, jsonable, read_operator_record
 from statekeeper.store import ExportInfo, StateStore
@@ -229,31 +229,12 @@ def _print_items(console: Console, doc: dict[str, Any]) -> None:
     for column in table.columns:
         column.overflow = "fold"
     for item in doc["items"]:
-        table.add_row(_shown_key(item), _shown(item["value"], item["value_format"]))
+        table.add_row(shown_key(item), shown(item["value"], item["value_format"]))
     where = f"{doc['operator']}/{doc['partition']} at version {doc['version']}"
     console.print(Text(f"{where}: {len(doc['items'])} items"))
     console.print(table)
     if doc["truncated"]:
         console.print("more items follow: raise --limit (0 shows all)")
-
-
-def _shown_key(item: dict[str, Any]) -> Text:
-    """A decoded entry as ``state key [entry]``; any other item as its raw key."""
-    state = item.get("state")
-    if state is None:
-        return _shown(item["key"], item["key_format"])
-    text = f"{state['name']} {json.dumps(state['key'], ensure_ascii=False)}"
-    if state["entry"] is not None:
-        text += f" [{json.dumps(state['entry'], ensure_ascii=False)}]"
-    return Text(text)
-
-
-def _shown(value: object, fmt: str) -> Text:
-    if fmt == "hex":
-        return Text(f"0x{value}", style="dim")
-    if fmt == "decoded" and not isinstance(value, str):
-        return Text(json.dumps(value))
-    return Text(str(value))
 
 
 @cli.command()

@@ -1,9 +1,13 @@
-"""Small pure helpers for showing numbers, bytes and trends in a terminal."""
+"""Small pure helpers for showing numbers, bytes, items and trends in a terminal."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
+from typing import Any
+
+from rich.text import Text
 
 __all__ = [
     "block_plot",
@@ -11,6 +15,8 @@ __all__ = [
     "human_bytes",
     "percentile",
     "show_bytes",
+    "shown",
+    "shown_key",
     "version_ranges",
 ]
 
@@ -98,3 +104,24 @@ def version_ranges(versions: Sequence[int]) -> str:
         parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
         i = j + 1
     return ", ".join(parts)
+
+
+def shown_key(item: dict[str, Any]) -> Text:
+    """An item of ``data``'s or ``diff``'s JSON: a decoded entry as ``state key [entry]``,
+    any other item as its raw key."""
+    state = item.get("state")
+    if state is None:
+        return shown(item["key"], item["key_format"])
+    text = f"{state['name']} {json.dumps(state['key'], ensure_ascii=False)}"
+    if state["entry"] is not None:
+        text += f" [{json.dumps(state['entry'], ensure_ascii=False)}]"
+    return Text(text)
+
+
+def shown(value: object, fmt: str) -> Text:
+    """A key or value of such an item in its format (``hex``, ``decoded`` or text)."""
+    if fmt == "hex":
+        return Text(f"0x{value}", style="dim")
+    if fmt == "decoded" and not isinstance(value, str):
+        return Text(json.dumps(value, ensure_ascii=False))
+    return Text(str(value))

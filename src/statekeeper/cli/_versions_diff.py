@@ -9,7 +9,6 @@ are decoded as ``read_state_changes`` decodes them (bookkeeping hidden) unless `
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +20,7 @@ from rich.text import Text
 from statekeeper.cli._app import UsageFailure, cli, env_of, output_options
 from statekeeper.cli._open import Root, open_root, root_arguments
 from statekeeper.cli._progress import Bars
-from statekeeper.cli._render import show_bytes
+from statekeeper.cli._render import show_bytes, shown, shown_key
 from statekeeper.errors import StateNotFoundError
 from statekeeper.keyed import ChangeDecoder, jsonable, read_operator_record
 from statekeeper.store import StoreChange, StoreChanges
@@ -253,28 +252,13 @@ def _print(console: Console, doc: dict[str, Any]) -> None:
         for column in table.columns:
             column.overflow = "fold"
         for item in part["changes"]:
-            table.add_row(str(item["version"]), item["operation"], _key(item), _value(item))
+            table.add_row(str(item["version"]), item["operation"], shown_key(item), _value(item))
         console.print(table)
     if doc["truncated"]:
         console.print("more changes follow: raise --limit (0 shows all)")
 
 
-def _key(item: dict[str, Any]) -> Text:
-    state = item.get("state")
-    if state is None:
-        text = item["key"]
-        return Text(f"0x{text}", style="dim") if item["key_format"] == "hex" else Text(text)
-    shown = f"{state['name']} {json.dumps(state['key'], ensure_ascii=False)}"
-    if state["entry"] is not None:
-        shown += f" [{json.dumps(state['entry'], ensure_ascii=False)}]"
-    return Text(shown)
-
-
 def _value(item: dict[str, Any]) -> Text:
     if item["operation"] == "delete":
         return Text("-", style="dim")
-    if item["value_format"] == "hex":
-        return Text(f"0x{item['value']}", style="dim")
-    if item["value_format"] == "decoded":
-        return Text(json.dumps(item["value"], ensure_ascii=False))
-    return Text(str(item["value"]))
+    return shown(item["value"], item["value_format"])

@@ -232,8 +232,7 @@ class StateStore:
 
     def _read(self, read: Callable[[WorkingCopy], _T]) -> _T:
         """``read`` from the working copy; a damaged copy is rebuilt once, then read again."""
-        if self._behind is not None:
-            self._settle()
+        self._settle()
         try:
             return read(self._copy)
         except DamagedCopyError as exc:

@@ -334,44 +334,38 @@ class WorkingCopy:
     @property
     def attempt(self) -> str:
         """The attempt whose content the labelled version is (``""`` if unlabelled or 0)."""
-        if self._behind is not None:
-            self._wait()
+        self.wait()
         return "" if self._label is None else self._label.attempt
 
     @property
     def version(self) -> int | None:
         """The committed version this copy holds, or ``None`` if fresh or not trustworthy."""
-        if self._behind is not None:
-            self._wait()
+        self.wait()
         label = self._label
         return None if label is None or label.dirty else label.version
 
     @property
     def label(self) -> int | None:
         """The version label as written, committed or not."""
-        if self._behind is not None:
-            self._wait()
+        self.wait()
         return None if self._label is None else self._label.version
 
     @property
     def dirty(self) -> bool:
         """True if the data holds a version not yet committed to the blob store."""
-        if self._behind is not None:
-            self._wait()
+        self.wait()
         return self._label is not None and self._label.dirty
 
     @property
     def root_id(self) -> str | None:
         """The id of the checkpoint root this copy was built from, if labelled."""
-        if self._behind is not None:
-            self._wait()
+        self.wait()
         return None if self._label is None else self._label.root_id
 
     @property
     def can_step_back(self) -> bool:
         """True if the copy keeps the undo record of the commit that made its version."""
-        if self._behind is not None:
-            self._wait()
+        self.wait()
         return self._label is not None and self._label.has_undo
 
     # -- reads ----------------------------------------------------------------------------
@@ -382,8 +376,7 @@ class WorkingCopy:
         Raises:
             DamagedCopyError: RocksDB failed the read.
         """
-        if self._behind is not None:
-            self._wait()
+        self.wait()
         try:
             value = self._db.get(key)
         except Exception as exc:  # rocksdict raises a bare Exception for every failure
@@ -396,8 +389,7 @@ class WorkingCopy:
         Raises:
             DamagedCopyError: RocksDB failed the read.
         """
-        if self._behind is not None:
-            self._wait()
+        self.wait()
         if not keys:
             return []
         try:
@@ -417,8 +409,7 @@ class WorkingCopy:
         Raises:
             DamagedCopyError: RocksDB failed the read (never a silently shorter scan).
         """
-        if self._behind is not None:
-            self._wait()
+        self.wait()
         start: bytes | None = prefix if after is None else after
         inclusive = after is None
         while start is not None:
@@ -481,8 +472,7 @@ class WorkingCopy:
             DamagedCopyError: reading the old values failed.
             StateKeeperError: RocksDB failed the write; the copy keeps its previous version.
         """
-        if self._behind is not None:
-            self._wait()
+        self.wait()
         batch = rocksdict.WriteBatch(raw_mode=True)
         if isinstance(changes, Columns):
             keys = changes.keys
@@ -507,8 +497,7 @@ class WorkingCopy:
         previous one (the blob store has the new one: the next open catches up). If the
         write fails, the next call raises its error, as does every call after it.
         """
-        if self._behind is not None:
-            self._wait()
+        self.wait()
         job = _Behind(version)
 
         def run() -> None:
@@ -520,20 +509,17 @@ class WorkingCopy:
         self._behind = job
 
     def wait(self) -> None:
-        """Wait for the write :meth:`write_behind` started, if any.
+        """Wait for the write :meth:`write_behind` started, if any (every other method
+        calls this first; the helper's own calls go on).
 
         Raises:
             StateKeeperError: that write (or the flush after it) failed, and every later
                 call raises this too: close the copy without flushing (what is on disk is
                 then a version it labelled, which the next open catches up from).
         """
-        if self._behind is not None:
-            self._wait()
-
-    def _wait(self) -> None:
         job = self._behind
         if job is None or job.thread == threading.get_ident():
-            return  # the helper's own calls
+            return
         assert job.future is not None
         try:
             job.future.result()
@@ -576,8 +562,7 @@ class WorkingCopy:
             DamagedCopyError: reading the label failed.
             StateKeeperError: RocksDB failed the write; the copy is unchanged.
         """
-        if self._behind is not None:
-            self._wait()
+        self.wait()
         label = self._label
         if label is None or not label.has_undo or label.version != version + 1:
             return False
@@ -601,8 +586,7 @@ class WorkingCopy:
         Raises:
             StateKeeperError: the copy is unlabelled, or RocksDB failed the write.
         """
-        if self._behind is not None:
-            self._wait()
+        self.wait()
         label = self._label
         raw = self._raw_label()
         if label is None or raw is None:
@@ -637,8 +621,7 @@ class WorkingCopy:
         Raises:
             StateKeeperError: the copy is unlabelled or closed, or RocksDB failed.
         """
-        if self._behind is not None:
-            self._wait()
+        self.wait()
         with self._lock:
             if self._closed:
                 raise StateKeeperError(f"the local working copy {self.path} is closed")
@@ -666,8 +649,7 @@ class WorkingCopy:
         Raises:
             StateKeeperError: the flush failed, or could not be started.
         """
-        if self._behind is not None:
-            self._wait()
+        self.wait()
         if time.monotonic() - self._last_flush < self._checkpoint_interval_s:
             return False
         held = self._db.property_int_value("rocksdb.cur-size-active-mem-table") or 0
@@ -682,8 +664,7 @@ class WorkingCopy:
         Raises:
             StateKeeperError: RocksDB failed the flush; the message says how full the disk is.
         """
-        if self._behind is not None:
-            self._wait()
+        self.wait()
         try:
             with self._lock:
                 self._db.flush(wait=wait)
