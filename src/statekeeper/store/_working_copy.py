@@ -195,6 +195,11 @@ def _options(*, write_buffer_mb: int, memory_mb: int, write_mb_s: int = 0) -> ro
     opts.set_level_zero_slowdown_writes_trigger(_L0_SLOWDOWN_FILES)
     opts.set_level_zero_stop_writes_trigger(_L0_STOP_FILES)
     opts.set_bytes_per_sync(_BYTES_PER_SYNC)
+    # A bloom filter over the memtable's whole keys: a lookup of a key the last commits did
+    # not write (most of a batch's reads) skips the memtable's skip list (multi-get of 220k
+    # keys: 6-15% less CPU). Its bits (a tenth of the memtable) count as memtable memory.
+    opts.set_memtable_whole_key_filtering(True)
+    opts.set_memtable_prefix_bloom_ratio(0.1)
     if write_mb_s:  # flushes and compactions (StoreConfig.background_write_mb_s)
         opts.set_ratelimiter(write_mb_s << 20, 100_000, 10)
     opts.set_max_background_jobs(2)
@@ -384,7 +389,7 @@ class WorkingCopy:
         return None if value is None else bytes(value)
 
     def multi_get(self, keys: list[bytes]) -> list[bytes | None]:
-        """Committed values of ``keys``, in order (one RocksDB multi-get).
+        """Committed values of ``keys``, in order.
 
         Raises:
             DamagedCopyError: RocksDB failed the read.
@@ -392,12 +397,13 @@ class WorkingCopy:
         self.wait()
         if not keys:
             return []
+        # One get per key: rocksdict's list form (RocksDB's unbatched MultiGet) costs more
+        # per key than a loop of gets; raw mode returns bytes, so nothing is converted.
+        get = self._db.get
         try:
-            values = self._db.get(keys)  # type: ignore[arg-type]
+            return [get(k) for k in keys]
         except Exception as exc:  # rocksdict raises a bare Exception for every failure
             raise DamagedCopyError(self.path, exc) from exc
-        assert isinstance(values, list)
-        return [None if v is None else bytes(v) for v in values]
 
     def scan(self, prefix: bytes, *, after: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Committed items whose key starts with ``prefix`` (and is above ``after``, if
