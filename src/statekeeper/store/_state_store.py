@@ -197,7 +197,8 @@ class StateStore:
         return self._read(lambda copy: copy.get(key))
 
     def multi_get(self, keys: Iterable[bytes]) -> list[bytes | None]:
-        """Values of ``keys`` in order; one RocksDB multi-get for those not written here.
+        """Values of ``keys`` in order; those not written here are read from the working copy
+        in one pass.
 
         Raises:
             TypeError: a key is not bytes.
