@@ -10,11 +10,15 @@ checked against the :class:`~tests.sim.model.Model` as soon as it is observed.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
+import shutil
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import statekeeper as sk
 from tests.sim import policy
@@ -104,12 +108,50 @@ def read_all(store: sk.StateStore, keys: list[bytes]) -> State:
 
 def abandon(store: sk.StateStore, *, flush: bool) -> None:
     """Release a dead process's store. A real crash releases the RocksDB lock by dying; here
-    the handle must be closed, and closing it unflushed loses the memtable as a crash does
-    (``StateStore._copy`` is the one private name used, only for that, only if present)."""
+    the handle must be closed (``StateStore._copy`` is the one private name used, only for
+    that, only if present).
+
+    Unflushed (``flush=False``), the copy loses its memtables as a crash does: the working
+    copy's WAL is off, so what a crash leaves on disk is the files as they are now. rocksdict's
+    ``close`` always flushes, so the files are kept aside (background work stopped first, so
+    that none changes under the copy), the database closed, and the kept files put back.
+    """
     copy = getattr(store, "_copy", None)
     if copy is not None:
-        copy.close(flush=flush)  # also when a close crashed half way, before releasing it
+        if flush:
+            copy.close(flush=True)  # also when a close crashed half way, before releasing it
+        else:
+            _close_losing_memtables(copy)
     store.close()
+
+
+def _close_losing_memtables(copy: Any) -> None:
+    """Close ``copy`` (a WorkingCopy) and leave on disk only what was there before."""
+    path = Path(copy.path)
+    db = getattr(copy, "_db", None)
+    if getattr(copy, "_closed", True) or db is None or not path.is_dir():
+        copy.close(flush=False)
+        return
+    with contextlib.suppress(sk.StateKeeperError):
+        copy.wait()  # a write behind the commit lands in the memtables (and is lost with them)
+    # Let the flushes and compactions already started end (so the trace does not depend on
+    # their timing) and start none: then no file changes. (Stopping background work
+    # outright would flush the memtables first.)
+    db.set_options({"disable_auto_compactions": "true"})
+    busy = ("num-running-flushes", "num-running-compactions", "mem-table-flush-pending")
+    while any(db.property_int_value(f"rocksdb.{name}") for name in busy):
+        time.sleep(0.001)
+    kept = path.with_name(path.name + ".crash")
+    shutil.rmtree(kept, ignore_errors=True)
+    kept.mkdir()
+    for entry in sorted(path.iterdir()):
+        if entry.suffix == ".sst":  # immutable once written: a link is the file as it is
+            os.link(entry, kept / entry.name)
+        elif entry.is_file():
+            shutil.copyfile(entry, kept / entry.name)
+    copy.close(flush=False)
+    shutil.rmtree(path)
+    kept.rename(path)
 
 
 class Actor:
