@@ -686,6 +686,8 @@ class WorkingCopy:
 
         A failed flush is logged, not raised: the versions it would have made durable
         locally are durable in the blob store, and the next open catches up from there.
+        ``flush=False`` skips only this method's own flush: rocksdict's close flushes the
+        memtables all the same (whole write batches, so what lands is a labelled version).
         """
         if self._closed:
             return
