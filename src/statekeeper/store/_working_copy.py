@@ -195,11 +195,10 @@ def _options(*, write_buffer_mb: int, memory_mb: int, write_mb_s: int = 0) -> ro
     opts.set_level_zero_slowdown_writes_trigger(_L0_SLOWDOWN_FILES)
     opts.set_level_zero_stop_writes_trigger(_L0_STOP_FILES)
     opts.set_bytes_per_sync(_BYTES_PER_SYNC)
-    # A bloom filter over the memtable's whole keys: a lookup of a key the last commits did
-    # not write (most of a batch's reads) skips the memtable's skip list (multi-get of 220k
-    # keys: 6-15% less CPU). Its bits (a tenth of the memtable) count as memtable memory.
-    opts.set_memtable_whole_key_filtering(True)
-    opts.set_memtable_prefix_bloom_ratio(0.1)
+    # No memtable bloom filter: it saved 6-15% of a large multi-get's CPU, but its bits (a
+    # tenth of write_buffer_mb) are allocated with every memtable, empty or not, so 100 idle
+    # stores in a worker held 244 MB of memtable memory against a 128 MB bound
+    # (tests/spark/test_memory.py).
     if write_mb_s:  # flushes and compactions (StoreConfig.background_write_mb_s)
         opts.set_ratelimiter(write_mb_s << 20, 100_000, 10)
     opts.set_max_background_jobs(2)
