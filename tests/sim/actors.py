@@ -38,6 +38,7 @@ OP = "op"
 PARTITION = 0
 _OPEN_ERRORS = (sk.StateNotFoundError, sk.CorruptStateError)
 _OPEN_TRIES = 4
+_SETTLE_S = 60.0
 
 
 @dataclass
@@ -113,8 +114,9 @@ def abandon(store: sk.StateStore, *, flush: bool) -> None:
 
     Unflushed (``flush=False``), the copy loses its memtables as a crash does: the working
     copy's WAL is off, so what a crash leaves on disk is the files as they are now. rocksdict's
-    ``close`` always flushes, so the files are kept aside (background work stopped first, so
-    that none changes under the copy), the database closed, and the kept files put back.
+    ``close`` always flushes, so the files are kept aside (once the flushes and compactions
+    under way have ended, with none started after them), the database closed, and the kept
+    files put back.
     """
     copy = getattr(store, "_copy", None)
     if copy is not None:
@@ -139,7 +141,10 @@ def _close_losing_memtables(copy: Any) -> None:
     # outright would flush the memtables first.)
     db.set_options({"disable_auto_compactions": "true"})
     busy = ("num-running-flushes", "num-running-compactions", "mem-table-flush-pending")
+    deadline = time.monotonic() + _SETTLE_S
     while any(db.property_int_value(f"rocksdb.{name}") for name in busy):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"background work of {path} did not end in {_SETTLE_S} s")
         time.sleep(0.001)
     kept = path.with_name(path.name + ".crash")
     shutil.rmtree(kept, ignore_errors=True)
