@@ -109,8 +109,9 @@ def read_all(store: sk.StateStore, keys: list[bytes]) -> State:
 
 def abandon(store: sk.StateStore, *, flush: bool) -> None:
     """Release a dead process's store. A real crash releases the RocksDB lock by dying; here
-    the handle must be closed (``StateStore._copy`` is the one private name used, only for
-    that, only if present).
+    the handle must be closed (``StateStore._copy`` and, for an unflushed crash, the
+    copy's ``_db`` and ``_closed`` are the private names used, only for that, only if
+    present).
 
     Unflushed (``flush=False``), the copy loses its memtables as a crash does: the working
     copy's WAL is off, so what a crash leaves on disk is the files as they are now. rocksdict's

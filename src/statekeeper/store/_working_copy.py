@@ -382,10 +382,10 @@ class WorkingCopy:
         """
         self.wait()
         try:
-            value = self._db.get(key)
+            value: bytes | None = self._db.get(key)  # raw mode: bytes, nothing to convert
         except Exception as exc:  # rocksdict raises a bare Exception for every failure
             raise DamagedCopyError(self.path, exc) from exc
-        return None if value is None else bytes(value)
+        return value
 
     def multi_get(self, keys: list[bytes]) -> list[bytes | None]:
         """Committed values of ``keys``, in order.
@@ -519,8 +519,8 @@ class WorkingCopy:
 
         Raises:
             StateKeeperError: that write (or the flush after it) failed, and every later
-                call raises this too: close the copy without flushing (what is on disk is
-                then a version it labelled, which the next open catches up from).
+                call raises this too: close the copy (what lands on disk is a version it
+                labelled, which the next open catches up from).
         """
         job = self._behind
         if job is None or job.thread == threading.get_ident():
