@@ -34,8 +34,14 @@ from statekeeper.errors import StateKeeperError
 
 __all__ = ["StoreBusyError", "StoreLock"]
 
-_POLL_MIN_S = 0.002
-_POLL_MAX_S = 0.05
+# A handover (the holder's janitor sees the request, closes the store, unlocks) takes tens of
+# milliseconds, and the waiting task's core idles meanwhile: poll finely at first, so the
+# lock is taken within _POLL_FAST_S of its release (an exponential backoff overslept by up
+# to its last step, half the handover again). A holder still busy with a task can keep the
+# lock for seconds: after _FAST_FOR_S, poll coarsely.
+_POLL_FAST_S = 0.002
+_POLL_SLOW_S = 0.05
+_FAST_FOR_S = 1.0
 
 
 class StoreBusyError(StateKeeperError, TimeoutError):
@@ -71,15 +77,13 @@ class StoreLock:
             raise StateKeeperError(f"{self!r} is already held")
         started = time.monotonic()
         fd = self._open()
-        delay = _POLL_MIN_S
         try:
             while not _try_lock(fd):
                 waited = time.monotonic() - started
                 if waited >= timeout_s:
                     raise StoreBusyError(self._busy_message(fd, waited))
                 self._request()
-                time.sleep(delay)
-                delay = min(delay * 2, _POLL_MAX_S)
+                time.sleep(_POLL_FAST_S if waited < _FAST_FOR_S else _POLL_SLOW_S)
         except BaseException:
             os.close(fd)
             raise
