@@ -30,7 +30,16 @@ steady rows/s by the best Spark peer's, and the vectorized form's by the ceiling
 
     .venv/bin/python benchmarks/pipeline.py [--rows 100000] [--keys 1000000] [--batches 10]
         [--peer-batches 3] [--variants sk_row sk_pandas sk_arrow spark_tws_row
-        spark_tws_pandas spark_apply ceiling] [--restarts warm cold] [--rounds 1] [--out FILE]
+        spark_tws_pandas spark_apply ceiling] [--restarts warm cold] [--rounds 1]
+        [--anatomy] [--out FILE]
+
+``--anatomy`` turns Spark's UI on (for every variant alike) and adds to each variant where
+its micro-batches spend their time, read from Spark's monitoring REST API: the Spark jobs
+of a batch and their durations, the driver's time between them, and its time after the
+batch's last job until the next batch's first (sink commit, offset and commit logs,
+planning); for statekeeper's forms also how many stores each batch had to open (a partition
+whose task ran in another Python worker than last time) and the commit p50. Medians over
+the batches after the first.
 
 ``--rounds N`` runs the variants N times in turn (the first round is the one reported in
 full) and adds the per-round rows/s, their medians and the median of each round's
@@ -43,12 +52,16 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import functools
+import itertools
 import json
 import os
 import platform
+import re
+import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -330,7 +343,74 @@ def _run_query(spark: Any, variant: str, work: Path, local: str) -> dict[str, An
         result.update(_spark_state_metrics(progress))
     else:
         result["commit_ms"] = [0.0 for _ in progress]
+    if _anatomy_on():
+        result["anatomy"] = _anatomy(spark, str(query.runId), result)
     return result
+
+
+def _anatomy(spark: Any, run_id: str, run: dict[str, Any]) -> dict[str, Any]:
+    """Where the steady micro-batches of run ``run_id`` spent their time (see the module
+    docstring), from Spark's monitoring REST API."""
+    url = spark.sparkContext.uiWebUrl
+    app = spark.sparkContext.applicationId
+    with urllib.request.urlopen(f"{url}/api/v1/applications/{app}/jobs") as response:
+        jobs = json.load(response)
+    by_batch: dict[int, list[tuple[float, float]]] = {}
+    for job in jobs:
+        # A streaming job's description names its run and micro-batch.
+        described = job.get("description") or ""
+        found = re.search(r"batch = (\d+)", described)
+        if run_id in described and found and "completionTime" in job:
+            span = (_rest_time(job["submissionTime"]), _rest_time(job["completionTime"]))
+            by_batch.setdefault(int(found.group(1)), []).append(span)
+    batches = sorted(by_batch)
+    per_batch = []
+    for batch in batches[1:]:  # the first batch also starts the Python workers
+        spans = sorted(by_batch[batch])
+        following = by_batch.get(batch + 1)
+        per_batch.append(
+            {
+                "jobs_ms": [round((end - start) * 1000) for start, end in spans],
+                "between_jobs_ms": round(
+                    sum(b[0] - a[1] for a, b in itertools.pairwise(spans)) * 1000
+                ),
+                "after_last_job_ms": None
+                if following is None
+                else round((min(following)[0] - spans[-1][1]) * 1000),
+            }
+        )
+
+    def median(values: list[Any]) -> float | None:
+        values = [v for v in values if v is not None]
+        return round(statistics.median(values)) if values else None
+
+    jobs_per_batch = max((len(b["jobs_ms"]) for b in per_batch), default=0)
+    out: dict[str, Any] = {
+        "jobs_per_batch": jobs_per_batch,
+        "job_ms_median": [
+            median([b["jobs_ms"][i] for b in per_batch if len(b["jobs_ms"]) > i])
+            for i in range(jobs_per_batch)
+        ],
+        "between_jobs_ms_median": median([b["between_jobs_ms"] for b in per_batch]),
+        "after_last_job_ms_median": median([b["after_last_job_ms"] for b in per_batch]),
+        "batch_ms_median": median(run["batch_ms"][1:]),
+        "batches": per_batch,
+    }
+    if "stores_opened" in run:
+        out["stores_opened_per_batch"] = run["stores_opened"][1:]
+        out["state_commit_p50_ms_median"] = median(run["commit_ms"][1:])
+    return out
+
+
+def _anatomy_on() -> bool:
+    """``--anatomy``: every session has Spark's UI, whose REST API tells the jobs' times."""
+    return SPARK_CONF["spark.ui.enabled"] == "true"
+
+
+def _rest_time(stamp: str) -> float:
+    """Seconds since the epoch of a monitoring API time (``2026-11-24T04:23:01.123GMT``)."""
+    parsed = dt.datetime.strptime(stamp.removesuffix("GMT"), "%Y-%m-%dT%H:%M:%S.%f")
+    return parsed.replace(tzinfo=dt.UTC).timestamp()
 
 
 def _sk_state_metrics(spark: Any, query_id: str, batch_ids: list[int]) -> dict[str, Any]:
@@ -342,6 +422,8 @@ def _sk_state_metrics(spark: Any, query_id: str, batch_ids: list[int]) -> dict[s
     opened = metrics[0]
     return {
         "commit_ms": [round(m.commit_latency_p50_s * 1000, 1) for m in metrics],
+        # Stores a batch had to open: its task ran in another Python worker than last time.
+        "stores_opened": [m.stores_opened for m in metrics],
         # The slowest task of the operator's stage (our part of the batch), per batch.
         "task_max_ms": [round(m.task_time_max_s * 1000) for m in metrics],
         "restore": {
@@ -633,9 +715,16 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="run the variants this many times in turn (a loaded machine: compare medians)",
     )
+    parser.add_argument(
+        "--anatomy",
+        action="store_true",
+        help="turn Spark's UI on and add where each variant's batches spend their time",
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
+    if args.anatomy:  # for every variant alike (the JSON's spark_conf says so)
+        SPARK_CONF.update({"spark.ui.enabled": "true", "spark.ui.port": "0"})
     if args.peer_batches is None or args.peer_batches > args.batches:
         args.peer_batches = args.batches
     started, load_before = time.perf_counter(), round(os.getloadavg()[0], 2)

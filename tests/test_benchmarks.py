@@ -75,7 +75,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def pipeline(results: Path) -> dict[str, Any]:
     """A tiny pipeline run of every variant (with one cold restart) into ``results``; Spark's
     own operators read one of the two batches."""
-    args = ["--rows", "300", "--keys", "50", "--batches", "2", "--peer-batches", "1"]
+    args = ["--rows", "300", "--keys", "50", "--batches", "2", "--peer-batches", "1", "--anatomy"]
     return _run("pipeline", results / "pipeline.json", *args, "--restarts", "cold", timeout=600)
 
 
@@ -171,6 +171,35 @@ def test_report_shows_commits_into_large_stores_with_their_slowest_commit_and_me
     ) in text
     assert "| 20,000 | 0.1.0 |" in text
     assert current["peak_rss_mb"] >= current["commit_rss_max_mb"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_pipeline_anatomy_shows_each_batch_s_jobs_and_driver_time(
+    pipeline: dict[str, Any],
+) -> None:
+    """``--anatomy``: Spark's UI is on for every variant, and each variant's steady batches
+    are split into their Spark jobs and the driver's time; statekeeper's plan has one job
+    more than the ceiling's (the stage boundary after the operator)."""
+    assert pipeline["workload"]["spark_conf"]["spark.ui.enabled"] == "true"
+    jobs = {}
+    for name, r in pipeline["variants"].items():
+        anatomy = r["anatomy"]
+        if name in PEERS:  # one batch: no steady batch to take apart
+            assert anatomy["batches"] == [], name
+            continue
+        (batch,) = anatomy["batches"]  # batch 1 of 2
+        assert len(batch["jobs_ms"]) == anatomy["jobs_per_batch"] >= 2, name
+        assert anatomy["job_ms_median"] == batch["jobs_ms"], name
+        assert min(batch["jobs_ms"]) >= 0, name
+        assert batch["between_jobs_ms"] >= 0, name
+        assert batch["after_last_job_ms"] is None  # no batch after it
+        assert anatomy["batch_ms_median"] == r["batch_ms"][1]
+        jobs[name] = anatomy["jobs_per_batch"]
+        if name.startswith("sk_"):
+            assert anatomy["stores_opened_per_batch"] == r["stores_opened"][1:], name
+            assert 0 <= anatomy["stores_opened_per_batch"][0] <= 4, name
+    assert jobs["sk_arrow"] == jobs["ceiling"] + 1
 
 
 @pytest.mark.slow
