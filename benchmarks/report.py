@@ -585,6 +585,52 @@ def bench_recipe(makefile: Path) -> list[str]:
     return recipe
 
 
+def anatomy_section(runs: list[dict[str, Any]]) -> list[str]:
+    """Where a steady micro-batch goes (``pipeline_anatomy_*.json``: runs of ``pipeline.py
+    --anatomy``, one per batch size): per variant, the median of each Spark job of a batch,
+    of the driver's time between the jobs and after the last one, and the batch itself."""
+    rows = []
+    for run in sorted(runs, key=lambda r: r["workload"]["rows_per_batch"]):
+        for name, variant in run["variants"].items():
+            anatomy = variant.get("anatomy") or {}
+            if not anatomy.get("batches"):
+                continue
+            opened = anatomy.get("stores_opened_per_batch")
+            rows.append([
+                f"{run['workload']['rows_per_batch']:,}", f"`{name}`",
+                " + ".join(f"{ms:,}" for ms in anatomy["job_ms_median"]),
+                anatomy["between_jobs_ms_median"], anatomy["after_last_job_ms_median"],
+                f"{anatomy['batch_ms_median']:,}",
+                "" if opened is None else " ".join(str(n) for n in opened),
+                anatomy.get("state_commit_p50_ms_median", ""),
+            ])  # fmt: skip
+    return [
+        "## Where a micro-batch goes (`benchmarks/pipeline.py --anatomy`)",
+        "",
+        "Medians over the steady batches of one run, from Spark's monitoring REST API (the "
+        "UI is on for every variant alike). A batch runs its Spark jobs in turn: reading "
+        "the input file and shuffling it, then the stateful (or pass-through) stage and the "
+        "sink; statekeeper's plan has one more job, the stage boundary after the operator "
+        "(see `statekeeper.spark._transform`). Between and after the jobs the driver plans, "
+        "commits the sink and writes its offset and commit logs. A store is opened when its "
+        "partition's task ran in the other Python worker than last time.",
+        "",
+        *_table(
+            [
+                "rows / batch",
+                "variant",
+                "jobs ms",
+                "between jobs ms",
+                "after last job ms",
+                "batch ms",
+                "stores opened per batch",
+                "commit p50 ms",
+            ],
+            rows,
+        ),
+    ]
+
+
 def render(results: Path, makefile: Path | None = None) -> str:
     """The RESULTS.md text for the JSON files in ``results``."""
     loaded: dict[str, dict[str, Any] | None] = {}
@@ -618,6 +664,9 @@ def render(results: Path, makefile: Path | None = None) -> str:
     ceiling = sorted(results.glob("pipeline_ceiling_*.json"))
     if ceiling:
         out += ["", *ceiling_section([json.loads(p.read_text()) for p in ceiling])]
+    anatomy = sorted(results.glob("pipeline_anatomy_*.json"))
+    if anatomy:
+        out += ["", *anatomy_section([json.loads(p.read_text()) for p in anatomy])]
     recipe = bench_recipe(makefile) if makefile else []
     out += ["", "## Reproduce", "", "```", "make bench", "```"]
     if recipe:

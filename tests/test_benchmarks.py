@@ -372,3 +372,48 @@ def test_report_shows_each_vectorized_against_ceiling_run(tmp_path: Path) -> Non
     assert large in text
     assert text.index(small) < text.index(large)
     assert "| 1.5 / 4.0 |" in text  # load before the run / the highest after a variant
+
+
+def test_report_shows_where_each_batch_goes(tmp_path: Path) -> None:
+    """``pipeline_anatomy_*.json`` (runs of ``--anatomy``) give a row per batch size and
+    variant, smallest batches first: the jobs, the driver's time, and the stores opened."""
+
+    def run(rows: int, arrow_jobs: list[int]) -> dict[str, Any]:
+        def variant(jobs: list[int], **more: Any) -> dict[str, Any]:
+            return {
+                "anatomy": {
+                    "batches": [{"jobs_ms": jobs}],
+                    "job_ms_median": jobs,
+                    "between_jobs_ms_median": 40,
+                    "after_last_job_ms_median": 300,
+                    "batch_ms_median": 1200,
+                    **more,
+                }
+            }
+
+        arrow = variant(
+            arrow_jobs, stores_opened_per_batch=[2, 0, 4], state_commit_p50_ms_median=21
+        )
+        return {
+            "workload": {"rows_per_batch": rows},
+            "variants": {"sk_arrow": arrow, "ceiling": variant([60, 400]), "spark_apply": {}},
+        }
+
+    results = tmp_path / "results"
+    results.mkdir()
+    for name, doc in {
+        "1m": run(1_000_000, [300, 2500, 400]),
+        "100k": run(100_000, [70, 480, 190]),
+    }.items():
+        (results / f"pipeline_anatomy_{name}.json").write_text(json.dumps(doc))
+    out = tmp_path / "RESULTS.md"
+    _report(results, out)
+    text = out.read_text()
+    assert "## Where a micro-batch goes" in text
+    small = "| 100,000 | `sk_arrow` | 70 + 480 + 190 | 40 | 300 | 1,200 | 2 0 4 | 21 |"
+    large = "| 1,000,000 | `sk_arrow` | 300 + 2,500 + 400 |"
+    assert small in text
+    assert large in text
+    assert text.index(small) < text.index(large)
+    assert "| 100,000 | `ceiling` | 60 + 400 | 40 | 300 | 1,200 |  |  |" in text
+    assert "`spark_apply`" not in text.split("## Where a micro-batch goes")[1]
