@@ -8,6 +8,9 @@ one process, through the variants named by ``--variants``:
 * ``sk_row``: statekeeper ``transform_with_state``, Row form (``rows = "row"``);
 * ``sk_pandas``: statekeeper ``transform_with_state``, pandas form (yields rows);
 * ``sk_arrow``: statekeeper ``transform_with_state_arrow`` (vectorized, whole Arrow batches);
+* ``sk_arrow_no_state``: the same operator and the same per-batch aggregation, but it reads
+  and writes no state (its stores commit empty versions; its totals are per batch): what the
+  vectorized form costs with the state taken out, between it and the ceiling;
 * ``spark_tws_row``: Spark's Row-based ``transformWithState`` (4.1+), RocksDB state store
   provider with changelog checkpointing;
 * ``spark_tws_pandas``: Spark's ``transformWithStateInPandas`` on the same provider;
@@ -25,12 +28,13 @@ processes one more file: ``restart_warm`` keeps statekeeper's local working copi
 ``restart_cold`` gives statekeeper a fresh local directory (everything restored from the
 root, on the local filesystem with a warm page cache; Spark's provider always loads from its
 checkpoint in a new session). Finally every stateful variant's latest sink row per key is
-compared with a batch ``groupBy`` over the input it read. ``ratios`` divides each variant's
-steady rows/s by the best Spark peer's, and the vectorized form's by the ceiling's.
+compared with a batch ``groupBy`` over the input it read (``sk_arrow_no_state``'s counts
+with the rows it read). ``ratios`` divides each variant's steady rows/s by the best Spark
+peer's, and the vectorized form's (with and without state) by the ceiling's.
 
     .venv/bin/python benchmarks/pipeline.py [--rows 100000] [--keys 1000000] [--batches 10]
-        [--peer-batches 3] [--variants sk_row sk_pandas sk_arrow spark_tws_row
-        spark_tws_pandas spark_apply ceiling] [--restarts warm cold] [--rounds 1]
+        [--peer-batches 3] [--variants sk_row sk_pandas sk_arrow sk_arrow_no_state
+        spark_tws_row spark_tws_pandas spark_apply ceiling] [--restarts warm cold] [--rounds 1]
         [--anatomy] [--out FILE]
 
 ``--anatomy`` turns Spark's UI on (for every variant alike) and adds to each variant where
@@ -93,6 +97,7 @@ VARIANTS = {
     "sk_row": "statekeeper transform_with_state, Row form",
     "sk_pandas": "statekeeper transform_with_state, pandas form",
     "sk_arrow": "statekeeper transform_with_state_arrow (vectorized)",
+    "sk_arrow_no_state": "the same operator and aggregation, no state read or written",
     "spark_tws_row": "Spark transformWithState, Row-based (RocksDB, changelog checkpointing)",
     "spark_tws_pandas": "Spark transformWithStateInPandas (RocksDB, changelog checkpointing)",
     "spark_apply": "Spark applyInPandasWithState (RocksDB, changelog checkpointing)",
@@ -100,6 +105,10 @@ VARIANTS = {
 }
 PEERS = ("spark_tws_row", "spark_tws_pandas", "spark_apply")
 STATELESS = ("ceiling",)
+PER_BATCH = ("sk_arrow_no_state",)
+TO_CEILING = ("sk_arrow", "sk_arrow_no_state")
+"""Variants whose steady rows/s are also divided by the ceiling's."""
+"""Variants whose output is per-batch totals: checked by counting every input row once."""
 _TOTALS = np.dtype("<i8")
 _VALUE = np.dtype("V16")  # (count, sum): the raw 16 bytes, trailing zeros kept
 
@@ -169,6 +178,19 @@ def sk_arrow_totals(store: Any, batches: Iterator[Any]) -> Iterator[Any]:
     store.put_many(list(zip(keys, values, strict=True)))
     yield pa.RecordBatch.from_arrays(
         [names.combine_chunks(), pa.array(totals[:, 0]), pa.array(totals[:, 1])],
+        names=["k", "count", "sum"],
+    )
+
+
+def sk_arrow_no_state(store: Any, batches: Iterator[Any]) -> Iterator[Any]:
+    """``sk_arrow_totals`` without the state: the same group-by, per-batch totals out; the
+    store is not touched (the operator still commits its empty version)."""
+    table = pa.Table.from_batches(list(batches))
+    if table.num_rows == 0:
+        return
+    grouped = table.group_by("k", use_threads=False).aggregate([("v", "count"), ("v", "sum")])
+    yield pa.RecordBatch.from_arrays(
+        [grouped.column(n).combine_chunks() for n in ("k", "v_count", "v_sum")],
         names=["k", "count", "sum"],
     )
 
@@ -282,9 +304,10 @@ def _stateful(spark: Any, variant: str, inp: Path, work: Path, local: str) -> An
         return transform_with_state(
             df, "k", processor, OUTPUT_SCHEMA, root, "totals", PARTITIONS, config=config
         )
-    if variant == "sk_arrow":
+    if variant in ("sk_arrow", "sk_arrow_no_state"):
+        fn = sk_arrow_totals if variant == "sk_arrow" else sk_arrow_no_state
         return transform_with_state_arrow(
-            df, "k", sk_arrow_totals, OUTPUT_SCHEMA, root, "totals", PARTITIONS, config=config
+            df, "k", fn, OUTPUT_SCHEMA, root, "totals", PARTITIONS, config=config
         )
     if variant == "ceiling":
         return df.repartition(PARTITIONS, "k").mapInArrow(passthrough, INPUT_SCHEMA)
@@ -539,7 +562,8 @@ def _restart(run: dict[str, Any]) -> dict[str, Any]:
 
 def _verify(spark: Any, work: Path, variants: list[str]) -> dict[str, Any]:
     """Compare each stateful variant's latest sink row per key with a batch groupBy over the
-    input it read; the ceiling must have written every row it read."""
+    input it read; the ceiling must have written every row it read, and a per-batch variant's
+    counts must add up to the rows it read."""
     from pyspark.sql import functions as F
 
     found: dict[str, Any] = {}
@@ -550,6 +574,10 @@ def _verify(spark: Any, work: Path, variants: list[str]) -> dict[str, Any]:
         if variant in STATELESS:
             rows = spark.read.parquet(str(inp)).count()
             found[variant] = {"keys": None, "mismatched_keys": 0 if sink.count() == rows else 1}
+            continue
+        if variant in PER_BATCH:
+            rows, counted = spark.read.parquet(str(inp)).count(), sink.agg(F.sum("count")).first()
+            found[variant] = {"keys": None, "mismatched_keys": 0 if counted[0] == rows else 1}
             continue
         if inp not in truths:
             truths[inp] = (
@@ -600,8 +628,9 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
         out["to_best_peer"] = {
             name: round(value / max(peers[best], 1), 2) for name, value in speed.items()
         }
-    if "ceiling" in speed and "sk_arrow" in speed:
-        out["sk_arrow_to_ceiling"] = round(speed["sk_arrow"] / max(speed["ceiling"], 1), 2)
+    for name in TO_CEILING:
+        if "ceiling" in speed and name in speed:
+            out[f"{name}_to_ceiling"] = round(speed[name] / max(speed["ceiling"], 1), 2)
     return out
 
 
@@ -609,7 +638,7 @@ def _more_rounds(args: argparse.Namespace, work: Path, first: dict[str, Any]) ->
     """Run every variant ``args.rounds - 1`` more times, in turn, each from a new checkpoint
     over the same input: on a shared machine whose load swings, variants run next to each
     other are compared round by round. Steady rows/s per round and variant, and the medians
-    of the rows/s and of each round's vectorized / ceiling ratio."""
+    of the rows/s and of each round's vectorized / ceiling ratios."""
     speeds = {v: [first[v]["steady_rows_per_s"]] for v in args.variants}
     loads = [[first[v]["load_average_1m_after"] for v in args.variants]]
     for n in range(1, args.rounds):
@@ -630,10 +659,11 @@ def _more_rounds(args: argparse.Namespace, work: Path, first: dict[str, Any]) ->
         "load_average_1m_after": loads,
         "median_steady_rows_per_s": {v: round(np.median(x)) for v, x in speeds.items()},
     }
-    if "ceiling" in speeds and "sk_arrow" in speeds:
-        paired = [a / c for a, c in zip(speeds["sk_arrow"], speeds["ceiling"], strict=True)]
-        out["sk_arrow_to_ceiling_per_round"] = [round(r, 2) for r in paired]
-        out["sk_arrow_to_ceiling_median"] = round(float(np.median(paired)), 2)
+    for name in TO_CEILING:
+        if "ceiling" in speeds and name in speeds:
+            paired = [a / c for a, c in zip(speeds[name], speeds["ceiling"], strict=True)]
+            out[f"{name}_to_ceiling_per_round"] = [round(r, 2) for r in paired]
+            out[f"{name}_to_ceiling_median"] = round(float(np.median(paired)), 2)
     return out
 
 
