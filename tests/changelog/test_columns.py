@@ -3,6 +3,7 @@ framing that matches the record layout byte for byte whatever the lengths."""
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import pytest
@@ -71,3 +72,29 @@ def test_framing_stays_exact_when_the_packed_lengths_are_dropped(
     assert columns.frame(0, len(records)) == _framed(records)
     assert len(_records._packed) <= 3
     assert columns.frame(10, 50) == _framed(records[10:50])
+
+
+@settings(max_examples=200, deadline=None)
+@given(records=_records_strategy, part_size=st.integers(min_value=4, max_value=2000))
+def test_split_runs_are_the_bodies_of_consecutive_records_up_to_the_part_size(
+    records: list[tuple[bytes, bytes | None]], part_size: int
+) -> None:
+    columns = Columns.of(records)
+    runs = columns.split(part_size)
+    # Consecutive, covering every record once, at least one run.
+    assert runs[0][0] == 0
+    assert runs[-1][1] == len(records)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(runs))
+    for start, stop, length in runs:
+        body = _framed(records[start:stop])
+        assert length == len(body) == len(columns.frame(start, stop))
+        # Within the part size unless one record alone is larger; and as full as it can be.
+        assert length <= part_size or stop - start == 1
+        if stop < len(records):
+            assert len(_framed(records[start : stop + 1])) > part_size
+    # The second split of the same columns (a commit's apply after its encode) is the same
+    # and a list of its own.
+    again = columns.split(part_size)
+    assert again == runs
+    again.clear()
+    assert columns.split(part_size) == runs

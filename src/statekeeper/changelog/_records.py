@@ -23,7 +23,7 @@ import bisect
 import struct
 from collections.abc import Iterable, Mapping
 from itertools import accumulate
-from operator import itemgetter
+from operator import add, itemgetter
 from typing import Any, Final, TypeAlias
 
 from statekeeper.changelog._header import corrupt
@@ -93,7 +93,7 @@ class Columns:
     records takes about a third of the time it took record by record.
     """
 
-    __slots__ = ("deletes", "key_lengths", "keys", "value_lengths", "values")
+    __slots__ = ("_runs", "deletes", "key_lengths", "keys", "value_lengths", "values")
 
     def __init__(
         self,
@@ -110,6 +110,7 @@ class Columns:
         self.deletes = values.count(None) if deletes is None else deletes
         """How many records are deletes (counted once: each scan of the values costs as
         much as packing their lengths)."""
+        self._runs: tuple[int, list[tuple[int, int, int]]] | None = None
 
     @classmethod
     def of(cls, records: Records) -> Columns:
@@ -184,18 +185,27 @@ class Columns:
         whole = self.body_length(0, len(self))
         if whole <= part_size:
             return [(0, len(self), whole)]
-        sizes = accumulate(
-            8 + k + max(v, 0) for k, v in zip(self.key_lengths, self.value_lengths, strict=True)
+        if self._runs is not None and self._runs[0] == part_size:
+            return list(self._runs[1])  # a commit splits twice: to encode, to apply
+        # ends[i]: framed bytes of records 0..i (8 bytes of lengths per record, its key, its
+        # value; a delete's -1 counts as 0), by C-level loops: a genexpr per record took
+        # ~0.3 s for 632k records.
+        values = self.value_lengths
+        if self.deletes:
+            values = [v if v > 0 else 0 for v in values]
+        count = len(self)
+        ends = list(
+            map(add, accumulate(map(add, self.key_lengths, values)), range(8, 8 * count + 1, 8))
         )
-        ends = list(sizes)  # ends[i]: framed bytes of records 0..i
         runs: list[tuple[int, int, int]] = []
         start, before = 0, 0
-        while start < len(ends):
+        while start < count:
             stop = bisect.bisect_right(ends, before + part_size - 4, lo=start)
             stop = max(stop, start + 1)
             runs.append((start, stop, ends[stop - 1] - before + 4))
             start, before = stop, ends[stop - 1]
-        return runs
+        self._runs = part_size, runs
+        return list(runs)
 
     def frame(self, start: int, stop: int) -> bytes:
         """The body framing records ``start`` to ``stop``, end marker included."""
