@@ -16,7 +16,9 @@ run is summarized with ``--profile``.
 ``--arrow-rows`` also times the vectorized form in-process: the pipeline benchmark's
 function (``pipeline.sk_arrow_totals``: group-by, ``multi_get``, ``put_many``) through
 ``run_arrow`` over one partition's batch of that many rows (keys drawn from 1M), then the
-commit, each on a store that already holds the keys of an earlier batch.
+commit, each on a store that already holds the keys of an earlier batch. The function's time
+is split into the store's ``multi_get``, its ``put_many`` and the rest (group-by, sort, key
+encoding, numpy, output), and the commit's into its phases (``CommitInfo.phases_ms``).
 
     .venv/bin/python benchmarks/per_key.py [--keys 100000] [--repeat 3] [--profile]
         [--arrow-rows 100000 1000000] [--out FILE]
@@ -28,6 +30,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
 import statistics
 import sys
@@ -156,6 +159,32 @@ def _profile(backend: sk.StateBackend, keys: int) -> list[str]:
     return [line for line in text.getvalue().splitlines() if line.strip()][-16:]
 
 
+class _TimedStore:
+    """A store as ``run_arrow`` sees it, adding up the time of its bulk reads and writes."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.read_s = 0.0
+        self.write_s = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def multi_get(self, keys: Any) -> list[bytes | None]:
+        started = time.perf_counter()
+        try:
+            return self._store.multi_get(keys)  # type: ignore[no-any-return]
+        finally:
+            self.read_s += time.perf_counter() - started
+
+    def put_many(self, items: Any) -> None:
+        started = time.perf_counter()
+        try:
+            self._store.put_many(items)
+        finally:
+            self.write_s += time.perf_counter() - started
+
+
 def measure_arrow(sizes: list[int], work: Path) -> dict[str, Any]:
     """Milliseconds of the vectorized function and of the commit per batch size."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -184,21 +213,26 @@ def measure_arrow(sizes: list[int], work: Path) -> dict[str, Any]:
                     }
                 )
                 with backend.open(name, 0) as store:
+                    timed = _TimedStore(store)
                     started = time.perf_counter()
                     out = run_arrow(
-                        store, sk_arrow_totals, iter(table.to_batches(max_chunksize=10_000)),
+                        timed, sk_arrow_totals, iter(table.to_batches(max_chunksize=10_000)),
                         output_schema=schema, operator=name, batch_id=store.version, partition=0,
                         key_groups=KEY_GROUPS, partitions=1,
                     )  # fmt: skip
                     keys = sum(batch.num_rows for batch in out)
                     ran = time.perf_counter() - started
-                    store.commit()
+                    info = store.commit()
                     committed = time.perf_counter() - started - ran
             found[str(rows)] = {
                 "keys": keys,
                 "function_ms": round(ran * 1000),
                 "function_us_per_row": round(ran / rows * 1e6, 2),
+                "multi_get_ms": round(timed.read_s * 1000),
+                "put_many_ms": round(timed.write_s * 1000),
+                "other_ms": round((ran - timed.read_s - timed.write_s) * 1000),
                 "commit_ms": round(committed * 1000),
+                "commit_phases_ms": {k: round(v, 1) for k, v in sorted(info.phases_ms.items())},
             }
     return found
 
@@ -228,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "results": results,
         **({"arrow": arrow} if arrow is not None else {}),
+        "load_average_1m": round(os.getloadavg()[0], 2),
     }
     text = json.dumps(summary, indent=2)
     print(text)

@@ -380,7 +380,12 @@ def per_key_section(data: dict[str, Any]) -> list[str]:
         f"against a RocksDB store holding every key; per key: {w['per_key']}. `row`: the Row "
         "form; `pandas`: the pandas form yielding a tuple; `pandas_frame`: the pandas form "
         f"yielding a one-row DataFrame per key. Best and median of {w['repeat']} runs, "
-        f"{data['date']}.",
+        f"{data['date']}"
+        + (
+            f" (load average {data['load_average_1m']} at the end: the machine is shared)."
+            if "load_average_1m" in data
+            else "."
+        ),
         "",
         *_table(["form", "µs/key (best)", "µs/key (median)", "keys/s", "target"], rows),
         *_arrow_lines(data.get("arrow")),
@@ -388,20 +393,27 @@ def per_key_section(data: dict[str, Any]) -> list[str]:
 
 
 def _arrow_lines(arrow: dict[str, Any] | None) -> list[str]:
-    """The vectorized form in-process, per batch size."""
+    """The vectorized form in-process, per batch size, with where its time goes."""
     if not arrow:
         return []
-    rows = [
-        [f"{int(size):,}", f"{r['keys']:,}", r["function_ms"], r["function_us_per_row"],
-         r["commit_ms"]]
-        for size, r in arrow.items()
-    ]  # fmt: skip
+    header = ["rows / batch", "keys", "function ms", "multi_get ms", "put_many ms", "rest ms"]
+    header += ["µs / row", "commit ms", "encode ms", "compress ms"]
+    rows = []
+    for size, r in arrow.items():
+        phases = r.get("commit_phases_ms", {})
+        rows.append(
+            [f"{int(size):,}", f"{r['keys']:,}", r["function_ms"], r.get("multi_get_ms", "-"),
+             r.get("put_many_ms", "-"), r.get("other_ms", "-"), r["function_us_per_row"],
+             r["commit_ms"], phases.get("encode", "-"), phases.get("compress", "-")]
+        )  # fmt: skip
     return [
         "",
         "The vectorized form in-process (`pipeline.sk_arrow_totals` through `run_arrow`, one "
-        "partition, keys drawn from 1M, a store holding an earlier batch's keys):",
+        "partition, keys drawn from 1M, a store holding an earlier batch's keys). The "
+        "function's time is the store's `multi_get`, its `put_many` and the rest (group-by, "
+        "sort, key encoding, numpy, output); the commit's largest phases beside it:",
         "",
-        *_table(["rows / batch", "keys", "function ms", "µs / row", "commit ms"], rows),
+        *_table(header, rows),
     ]
 
 

@@ -99,6 +99,13 @@ def test_per_key_reports_every_form(per_key: dict[str, Any]) -> None:
     assert 0 < arrow["keys"] <= 500
     assert arrow["function_ms"] >= 0
     assert arrow["commit_ms"] >= 0
+    # The split adds up to the function's time (each part rounded on its own).
+    parts = arrow["multi_get_ms"] + arrow["put_many_ms"] + arrow["other_ms"]
+    assert abs(parts - arrow["function_ms"]) <= 2
+    assert arrow["multi_get_ms"] >= 0
+    assert arrow["put_many_ms"] >= 0
+    assert {"encode", "compress", "upload"} <= set(arrow["commit_phases_ms"])
+    assert per_key["load_average_1m"] >= 0
 
 
 def test_commit_and_restore_print_the_fields_the_report_reads(results: Path) -> None:
