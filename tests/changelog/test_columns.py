@@ -92,9 +92,3 @@ def test_split_runs_are_the_bodies_of_consecutive_records_up_to_the_part_size(
         assert length <= part_size or stop - start == 1
         if stop < len(records):
             assert len(_framed(records[start : stop + 1])) > part_size
-    # The second split of the same columns (a commit's apply after its encode) is the same
-    # and a list of its own.
-    again = columns.split(part_size)
-    assert again == runs
-    again.clear()
-    assert columns.split(part_size) == runs

@@ -62,6 +62,14 @@ def test_a_large_commit_is_several_parts_that_decode_to_its_records(
     decoded = decode_changelog(blob, blob=BLOB, expected=(8, IDENTITY))
     assert (decoded.records, decoded.parts) == (RECORDS, len(parts))
     headers = [read_header(p, blob=BLOB) for p in parts]
+    # The spans a commit applies locally are the records of each part, in order.
+    spans = encode_changelog_parts(
+        RECORDS, base_version=7, version=8, compression=compression, identity=IDENTITY,
+        part_size=4096,
+    ).spans  # fmt: skip
+    assert [stop - start for start, stop in spans] == [h.record_count for h in headers]
+    assert [s[0] for s in spans] == [0] + [s[1] for s in spans[:-1]]
+    assert spans[-1][1] == len(RECORDS)
     assert {h.format_version for h in headers} == {FORMAT_VERSION}
     assert [h.more_parts for h in headers] == [True] * (len(parts) - 1) + [False]
     assert all(h.body_length <= 4096 for h in headers)

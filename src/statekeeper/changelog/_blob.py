@@ -209,16 +209,18 @@ def encode_changelog_parts(
             part.encode(columns, start, stop, more=i + 1 < len(runs))
             for i, (start, stop, _) in enumerate(runs)
         ),
-        len(runs),
+        [(start, stop) for start, stop, _ in runs],
     )
 
 
 class ChangelogParts(Iterator[bytes]):
     """The parts of one changelog blob, encoded as they are taken (an iterator of bytes)."""
 
-    def __init__(self, parts: Iterator[bytes], count: int) -> None:
+    def __init__(self, parts: Iterator[bytes], spans: list[tuple[int, int]]) -> None:
         self._parts = parts
-        self.count = count
+        self.spans = spans
+        """The records ``(start, stop)`` of each part, in order."""
+        self.count = len(spans)
         """How many parts the blob has (1: a format 1 or 2 blob)."""
 
     def __next__(self) -> bytes:

@@ -93,7 +93,7 @@ class Columns:
     records takes about a third of the time it took record by record.
     """
 
-    __slots__ = ("_runs", "deletes", "key_lengths", "keys", "value_lengths", "values")
+    __slots__ = ("deletes", "key_lengths", "keys", "value_lengths", "values")
 
     def __init__(
         self,
@@ -110,7 +110,6 @@ class Columns:
         self.deletes = values.count(None) if deletes is None else deletes
         """How many records are deletes (counted once: each scan of the values costs as
         much as packing their lengths)."""
-        self._runs: tuple[int, list[tuple[int, int, int]]] | None = None
 
     @classmethod
     def of(cls, records: Records) -> Columns:
@@ -185,8 +184,6 @@ class Columns:
         whole = self.body_length(0, len(self))
         if whole <= part_size:
             return [(0, len(self), whole)]
-        if self._runs is not None and self._runs[0] == part_size:
-            return list(self._runs[1])  # a commit splits twice: to encode, to apply
         # ends[i]: framed bytes of records 0..i (8 bytes of lengths per record, its key, its
         # value; a delete's -1 counts as 0), by C-level loops: a genexpr per record took
         # ~0.3 s for 632k records.
@@ -204,8 +201,7 @@ class Columns:
             stop = max(stop, start + 1)
             runs.append((start, stop, ends[stop - 1] - before + 4))
             start, before = stop, ends[stop - 1]
-        self._runs = part_size, runs
-        return list(runs)
+        return runs
 
     def frame(self, start: int, stop: int) -> bytes:
         """The body framing records ``start`` to ``stop``, end marker included."""

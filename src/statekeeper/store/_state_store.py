@@ -478,12 +478,8 @@ class StateStore:
             )
             self._behind = new_version, adopted or attempt
             return key, size
-        slices = None
-        if parts.count > 1:  # as the changelog is written: a part at a time
-            slices = [
-                (start, stop) for start, stop, _ in columns.split(self._config.changelog_part_bytes)
-            ]
-        self._apply_locally(columns, new_version, adopted or attempt, slices)
+        # As the changelog is written: a part at a time.
+        self._apply_locally(columns, new_version, adopted or attempt, parts.spans)
         return key, size
 
     def _upload_changelog(
