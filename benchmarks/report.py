@@ -484,8 +484,10 @@ def _ratio_lines(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def pipeline_section(data: dict[str, Any]) -> list[str]:
-    """The pipeline benchmark: every variant side by side, one column each."""
+def pipeline_section(data: dict[str, Any], *, command: bool = False) -> list[str]:
+    """The pipeline benchmark: every variant side by side, one column each; with
+    ``command`` (a run other than ``make bench``'s, ``pipeline_peer_*.json``) headed by its
+    batch size and the command that makes it."""
     w, variants = data["workload"], data["variants"]
     header = ["", *(f"`{name}`" for name in variants)]
     rows = [[label, *(fn(r) for r in variants.values())] for label, fn in PIPELINE_ROWS]
@@ -505,8 +507,18 @@ def pipeline_section(data: dict[str, Any]) -> list[str]:
         if peers != w["batches"]
         else ""
     )
+    heading = "## Streaming pipeline, side by side (`benchmarks/pipeline.py`)"
+    if command:
+        args = [
+            f"--rows {w['rows_per_batch']}", f"--keys {w['keys']}", f"--batches {w['batches']}",
+            f"--peer-batches {peers}", "--variants", *variants, "--restarts", *w["restarts"],
+        ]  # fmt: skip
+        heading = (
+            f"## Streaming pipeline at {w['rows_per_batch']:,}-row batches "
+            f"(`benchmarks/pipeline.py {' '.join(args)}`)"
+        )
     return [
-        "## Streaming pipeline, side by side (`benchmarks/pipeline.py`)",
+        heading,
         "",
         f"Running count and sum per key over a Parquet file source: {w['batches']} "
         f"micro-batches of {w['rows_per_batch']:,} rows over {w['keys']:,} possible keys "
@@ -689,6 +701,8 @@ def render(results: Path, makefile: Path | None = None) -> str:
     ceiling = sorted(results.glob("pipeline_ceiling_*.json"))
     if ceiling:
         out += ["", *ceiling_section([json.loads(p.read_text()) for p in ceiling])]
+    for path in sorted(results.glob("pipeline_peer_*.json")):
+        out += ["", *pipeline_section(json.loads(path.read_text()), command=True)]
     anatomy = sorted(results.glob("pipeline_anatomy_*.json"))
     if anatomy:
         out += ["", *anatomy_section([json.loads(p.read_text()) for p in anatomy])]
