@@ -177,10 +177,10 @@ class _TimedStore:
         finally:
             self.read_s += time.perf_counter() - started
 
-    def put_many(self, items: Any) -> None:
+    def put_many(self, items: Any, values: Any = None) -> None:
         started = time.perf_counter()
         try:
-            self._store.put_many(items)
+            self._store.put_many(items, values)
         finally:
             self.write_s += time.perf_counter() - started
 

@@ -175,7 +175,7 @@ def sk_arrow_totals(store: Any, batches: Iterator[Any]) -> Iterator[Any]:
     ).astype(_TOTALS)
     # One 16-byte value per row, as bytes objects made by numpy (no Python loop).
     values = np.ascontiguousarray(totals).view(_VALUE).ravel().tolist()
-    store.put_many(list(zip(keys, values, strict=True)))
+    store.put_many(keys, values)
     yield pa.RecordBatch.from_arrays(
         [names.combine_chunks(), pa.array(totals[:, 0]), pa.array(totals[:, 1])],
         names=["k", "count", "sum"],

@@ -194,3 +194,18 @@ def test_put_many_refuses_a_foreign_key_among_many_and_puts_none(
         assert list(store.scan(b"\x08")) == []
         view.put_many(iter(good))
         assert len(list(store.scan(b"\x08"))) == 100
+
+
+def test_put_many_of_keys_and_values_checks_key_groups_too(backend: StateBackend) -> None:
+    """The columnar form is checked as the pairs are: a foreign key anywhere refuses all."""
+    with backend.open("op", 1) as store:
+        view = PartitionStore(store, batch_id=0, partition=1, key_groups=4096, partitions=2)
+        keys = [b"\x08\x00" + encode_key((f"k{i}",)) for i in range(100)]
+        foreign = b"\x07\xff" + encode_key(("x",))  # key group 2047: partition 0's
+        with pytest.raises(StateKeeperError, match="got key 0x07ff"):
+            view.put_many([*keys[:50], foreign, *keys[50:]], [b"1"] * 101)
+        with pytest.raises(StateKeeperError, match="got key 0x07ff"):
+            view.put_many([*keys, memoryview(foreign)], [b"1"] * 101)  # checked one by one
+        assert list(store.scan(b"\x08")) == []
+        view.put_many(iter(keys), iter([b"2"] * 100))
+        assert dict(store.scan(b"\x08")) == dict.fromkeys(keys, b"2")

@@ -9,6 +9,7 @@ import pytest
 
 import statekeeper as sk
 from statekeeper import layout
+from statekeeper.changelog import decode_changelog
 
 
 @pytest.fixture
@@ -285,3 +286,50 @@ def test_put_many_is_put_pair_by_pair_and_refuses_a_bad_pair_whole(
         store.commit()
     with backend.open("op", partition=0) as store:
         assert dict(store.scan()) == {b"a": b"4", b"b": b"22", b"c": b"3"}
+
+
+def test_put_many_of_keys_and_values_is_put_many_of_pairs(backend: sk.StateBackend) -> None:
+    """The columnar form (keys, values) writes what the pairs would, and refuses columns of
+    different lengths or a bad key or value anywhere without putting anything."""
+    keys = [b"a", bytearray(b"b"), b"c", b"a"]
+    values = [b"1", b"22", memoryview(b"3"), b"4"]
+    with backend.open("op", partition=0) as store:
+        store.put_many(iter(keys), iter(values))
+        assert store.multi_get([b"a", b"b", b"c"]) == [b"4", b"22", b"3"]
+        for bad_keys, bad_values, error in [
+            ([b"x", b"y"], [b"1"], ValueError),
+            ([b"x"], [b"1", b"2"], ValueError),
+            ([b"x", b""], [b"1", b"2"], ValueError),
+            ([b"x", "y"], [b"1", b"2"], TypeError),
+            ([b"x", b"y"], [b"1", None], TypeError),
+        ]:
+            with pytest.raises(error):
+                store.put_many(bad_keys, bad_values)  # type: ignore[arg-type]
+        assert store.multi_get([b"x", b"y"]) == [None, None]
+        store.put_many([], [])
+        store.commit()
+    with backend.open("op", partition=0) as store:
+        assert dict(store.scan()) == {b"a": b"4", b"b": b"22", b"c": b"3"}
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending", "one out of place"])
+def test_a_commit_writes_its_changelog_in_key_order_however_the_keys_were_put(
+    backend: sk.StateBackend, order: str
+) -> None:
+    """Writes made in key order are committed as they are, others sorted: either way the
+    changelog holds every change once, sorted by key, and replays to the same state."""
+    keys = [b"k%04d" % i for i in range(500)]
+    if order == "descending":
+        keys.reverse()
+    elif order == "one out of place":
+        keys.insert(100, keys.pop(400))
+    with backend.open("op", partition=0) as store:
+        store.put_many(keys, [k[::-1] for k in keys])
+        store.delete(b"k0007")
+        info = store.commit()
+    body = backend.blobs.get(info.blob)
+    records = decode_changelog(body, blob=info.blob).records
+    assert [k for k, _ in records] == sorted(keys)
+    assert dict(records) == {k: None if k == b"k0007" else k[::-1] for k in keys}
+    with backend.open("op", partition=0) as store:
+        assert len(dict(store.scan())) == 499

@@ -128,28 +128,46 @@ class PartitionStore:
         """As :meth:`StateStore.delete`."""
         self._store.delete(key)
 
-    def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
-        """Put every (key, value) pair: :meth:`StateStore.put_many`, whose checks run once
-        over all pairs, as the key-group check here does (no Python call per pair).
+    def put_many(
+        self,
+        items: Iterable[tuple[bytes, bytes]] | Iterable[bytes],
+        values: Iterable[bytes] | None = None,
+    ) -> None:
+        """Put every (key, value) pair, or with ``values`` every key of ``items`` with its
+        value (two columns: ``store.put_many(keys, values)`` builds no pair per key):
+        :meth:`StateStore.put_many`, whose checks run once over all pairs, as the key-group
+        check here does (no Python call per pair).
 
         Raises:
             TypeError, ValueError: as :meth:`StateStore.put_many` (then nothing is put).
             StateKeeperError: with key groups, a key does not start with one this partition
                 owns (then nothing is put).
         """
-        pairs = items if isinstance(items, list) else list(items)
-        if self._high is not None and pairs:
-            # The smallest and the largest key decide for all (no Python loop per key).
-            first = operator.itemgetter(0)
+        if values is None:
+            pairs: list[Any] = items if isinstance(items, list) else list(items)
             try:
-                low, high = min(pairs, key=first)[0], max(pairs, key=first)[0]
-                inside = self._low <= low and high < self._high
-            except TypeError:  # keys of several types: check one by one
-                inside = False
-            if not inside:
-                for key, _ in pairs:
-                    self._check(key)
-        self._store.put_many(pairs)
+                keys: list[Any] = list(map(operator.itemgetter(0), pairs))
+            except (TypeError, IndexError):  # not pairs: the store says what it expected
+                keys = []
+            self._check_many(keys)
+            self._store.put_many(pairs)
+            return
+        keys = items if isinstance(items, list) else list(items)
+        self._check_many(keys)
+        self._store.put_many(keys, values)
+
+    def _check_many(self, keys: list[Any]) -> None:
+        """:meth:`_check` of every key; the smallest and the largest key decide for all (no
+        Python loop per key) unless they are out of range."""
+        if self._high is None or not keys:
+            return
+        try:
+            inside = self._low <= min(keys) and max(keys) < self._high
+        except TypeError:  # keys of several types: check one by one
+            inside = False
+        if not inside:
+            for key in keys:
+                self._check(key)
 
     def delete_many(self, keys: Iterable[bytes]) -> None:
         """Delete every key."""

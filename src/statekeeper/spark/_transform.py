@@ -254,10 +254,10 @@ def transform_with_state_arrow(
     """The vectorized form: ``fn(store, batches)`` gets a partition's whole input.
 
     ``fn`` receives a :class:`PartitionStore` (``get``, ``multi_get``, ``scan``, ``put``,
-    ``delete``, ``put_many``, ``delete_many`` on raw bytes, at version ``batch_id``) and an
-    iterator of pyarrow RecordBatches (rows of many keys, partitioned by ``keys``), and
-    yields RecordBatches of ``output_schema``. Statekeeper commits after the last one.
-    Arguments and errors are those of :func:`transform_with_state`.
+    ``delete``, ``put_many`` (of pairs, or of keys and values), ``delete_many`` on raw bytes,
+    at version ``batch_id``) and an iterator of pyarrow RecordBatches (rows of many keys,
+    partitioned by ``keys``), and yields RecordBatches of ``output_schema``. Statekeeper
+    commits after the last one. Arguments and errors are those of :func:`transform_with_state`.
 
     In an operator with key groups (every operator this version creates), the batches also
     carry each row's key group (column ``__statekeeper_key_group``) and every key ``fn``

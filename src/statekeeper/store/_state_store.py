@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 import logging
 import operator
 import time
@@ -22,7 +23,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from statekeeper import layout, phases
 from statekeeper.changelog import ChangelogIdentity, ChangelogParts, Columns, encode_changelog_parts
@@ -296,31 +297,35 @@ class StateStore:
         # have landed, and must never be taken for these changes.
         self._attempt = None
 
-    def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
-        """:meth:`put` every (key, value) pair, in order; the checks run once over all of
-        them (no Python call per pair), so bulk writes cost what the dictionary costs.
+    def put_many(
+        self,
+        items: Iterable[tuple[bytes, bytes]] | Iterable[bytes],
+        values: Iterable[bytes] | None = None,
+    ) -> None:
+        """:meth:`put` every (key, value) pair of ``items``, in order; or, with ``values``,
+        ``items`` are the keys and ``values`` their values (two columns of equal length, what
+        a vectorized function has: no pair is built per key). The checks run once over all
+        of them (no Python call per pair), so bulk writes cost what the dictionary costs.
 
         Raises:
-            TypeError, ValueError: as :meth:`put`, for any pair (then nothing is put).
+            TypeError, ValueError: as :meth:`put`, for any pair, or ``values`` of another
+                length than the keys (then nothing is put).
             StateKeeperError: the store is closed or failed.
         """
         self._check_open()
-        pairs = items if isinstance(items, list) else list(items)
-        if not pairs:
+        keys, column = _columns(items, values)
+        if not keys:
             return
-        if set(map(len, pairs)) != {2}:
-            raise ValueError("put_many takes (key, value) pairs")
-        keys = _as_keys(list(map(operator.itemgetter(0), pairs)))
-        values = list(map(operator.itemgetter(1), pairs))
-        if set(map(type, values)) != {bytes}:
-            for value in values:
+        keys = _as_keys(keys)
+        if set(map(type, column)) != {bytes}:
+            for value in column:
                 if not isinstance(value, bytes | bytearray | memoryview):
                     raise TypeError(f"value must be bytes, got {type(value).__name__}")
-            values = [bytes(v) for v in values]
-        longest = max(map(len, values))
+            column = [bytes(v) for v in column]
+        longest = max(map(len, column))
         if longest > _MAX_LEN:
             raise ValueError(f"value must be shorter than 2 GiB, got {longest} bytes")
-        self._pending.update(zip(keys, values, strict=True))
+        self._pending.update(zip(keys, column, strict=True))
         self._attempt = None
 
     def delete(self, key: bytes) -> None:
@@ -396,9 +401,7 @@ class StateStore:
 
     def _commit(self, order: Order, started: int) -> CommitInfo:
         with phases.phase("encode"):
-            pending = self._pending
-            keys = sorted(pending)
-            columns = Columns.trusted(keys, list(map(pending.__getitem__, keys)))
+            columns = _sorted_columns(self._pending)
         if self._attempt is None:
             self._attempt = uuid.uuid4().hex
         if self._before_commit is not None:
@@ -785,6 +788,17 @@ def _phases_ms(phases: dict[str, int], elapsed_ns: int) -> dict[str, float]:
     return out
 
 
+def _sorted_columns(pending: dict[bytes, bytes | None]) -> Columns:
+    """The overlay as columns sorted by key. Written in key order already (a vectorized
+    function's sorted batch), it is taken as it is: checking the order costs a quarter of
+    sorting and looking every value up again."""
+    keys = list(pending)
+    if all(map(operator.lt, keys, itertools.islice(keys, 1, None))):
+        return Columns.trusted(keys, list(pending.values()))
+    keys.sort()
+    return Columns.trusted(keys, list(map(pending.__getitem__, keys)))
+
+
 def _check_order(order: object) -> Order:
     if (
         not isinstance(order, tuple)
@@ -805,6 +819,29 @@ def _as_keys(keys: Iterable[object]) -> list[bytes]:
     if lengths and min(lengths) > 0 and max(lengths) <= _MAX_LEN:
         return keys  # type: ignore[return-value]
     return [_as_key(k) for k in keys]
+
+
+def _columns(
+    items: Iterable[object], values: Iterable[object] | None
+) -> tuple[list[Any], list[Any]]:
+    """The keys and values of ``put_many``'s arguments, as two lists of equal length.
+
+    Raises:
+        ValueError: an item is not a pair, or ``values`` has another length than the keys.
+    """
+    if values is not None:
+        keys = items if isinstance(items, list) else list(items)
+        column = values if isinstance(values, list) else list(values)
+        if len(keys) != len(column):
+            raise ValueError(
+                f"put_many takes one value per key: expected {len(keys)} values, "
+                f"found {len(column)}"
+            )
+        return keys, column
+    pairs = items if isinstance(items, list) else list(items)
+    if pairs and set(map(len, pairs)) != {2}:
+        raise ValueError("put_many takes (key, value) pairs, or keys and values")
+    return list(map(operator.itemgetter(0), pairs)), list(map(operator.itemgetter(1), pairs))
 
 
 def _as_key(key: object) -> bytes:
