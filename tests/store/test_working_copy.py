@@ -16,7 +16,7 @@ import rocksdict
 
 from statekeeper.changelog import Columns
 from statekeeper.errors import StateKeeperError
-from statekeeper.store import _label
+from statekeeper.store import _label, _working_copy
 from statekeeper.store._label import decode_undo, encode_undo, pack_label, parse_label
 from statekeeper.store._working_copy import (
     SHARED_MEMORY,
@@ -165,6 +165,62 @@ def test_columns_apply_as_their_pairs_do_with_the_same_undo_record(
     assert _items(columns) == dict(base)
     for copy in copies:
         copy.close()
+
+
+@pytest.mark.parametrize(
+    ("asked", "limit"),
+    [
+        ("every key", 4),  # one ordered read of the whole range
+        ("every third key", 4),  # dense enough to read in order, with gaps
+        ("every third key", 1),  # the read stops at its limit: the rest key by key
+        ("every fiftieth key", 4),  # sparse: key by key
+    ],
+)
+def test_multi_get_answers_as_gets_do_whichever_way_it_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, asked: str, limit: int
+) -> None:
+    """Keys present and absent, repeated, unsorted, in a memtable and in SST files: the
+    answers are those of one get per key, whether multi_get reads the range in order or
+    key by key, and wherever an ordered read stops."""
+    monkeypatch.setattr(_working_copy, "_SCAN_LIMIT", limit)
+    copy = _copy(tmp_path)
+    present = [b"k%05d" % i for i in range(0, 6000, 2)]
+    copy.apply([(k, k[::-1]) for k in present[:2000]], version=1, root_id=ROOT, attempt="A1")
+    copy.flush()
+    copy.apply([(k, k[::-1]) for k in present[2000:]], version=2, root_id=ROOT, attempt="A2")
+    step = {"every key": 1, "every third key": 3, "every fiftieth key": 50}[asked]
+    keys = [b"k%05d" % i for i in range(0, 6001, step)]  # odd ones are absent
+    keys = [*reversed(keys), keys[7], b"zz", b"a"]
+    expected = [copy.get(k) for k in keys]
+    db = copy._db
+    counted = _CountingGets(db)
+    copy._db = counted  # type: ignore[assignment]
+    assert copy.multi_get(keys) == expected
+    copy._db = db
+    # The way it read: in order (no get per key), partly (gets past the limit), key by key.
+    if step == 50:
+        assert counted.gets == len(keys)
+    elif limit == 1:
+        assert 0 < counted.gets < len(keys) // 2
+    else:
+        assert counted.gets == 0
+    assert copy.multi_get([]) == []
+    copy.close()
+
+
+class _CountingGets:
+    """A RocksDB handle that counts point reads."""
+
+    def __init__(self, db: rocksdict.Rdict) -> None:
+        self._db = db
+        self.gets = 0
+
+    def get(self, key: bytes) -> bytes | None:
+        self.gets += 1
+        return self._db.get(key)  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._db, name)
 
 
 def test_a_write_behind_is_seen_by_every_later_call_from_any_thread(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ says how the cause is told, never from RocksDB's message). Reads raise
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -70,6 +71,10 @@ _log = logging.getLogger(__name__)
 
 LABEL_KEY = b""
 _SCAN_CHUNK = 1024
+# multi_get reads a range in order, not key by key, when it asks for at least 1 / _SCAN_DENSITY
+# of the copy's keys, and reads at most _SCAN_LIMIT items per key asked for.
+_SCAN_DENSITY = 2
+_SCAN_LIMIT = 4
 
 # Directories with an open working copy in this process: RocksDB refuses a second handle on
 # one directory, and a clear error is better than its LOCK message. It also keeps the lock
@@ -396,13 +401,53 @@ class WorkingCopy:
         self.wait()
         if not keys:
             return []
-        # One get per key: rocksdict's list form (RocksDB's unbatched MultiGet) costs more
-        # per key than a loop of gets; raw mode returns bytes, so nothing is converted.
-        get = self._db.get
         try:
+            held = self._db.property_int_value("rocksdb.estimate-num-keys") or 0
+            if len(keys) * _SCAN_DENSITY >= held:
+                return self._multi_get_by_scan(keys)
+            # One get per key: rocksdict's list form (RocksDB's unbatched MultiGet) costs
+            # more per key than a loop of gets; raw mode returns bytes, nothing to convert.
+            get = self._db.get
             return [get(k) for k in keys]
+        except DamagedCopyError:
+            raise
         except Exception as exc:  # rocksdict raises a bare Exception for every failure
             raise DamagedCopyError(self.path, exc) from exc
+
+    def _multi_get_by_scan(self, keys: list[bytes]) -> list[bytes | None]:
+        """:meth:`multi_get` of keys that are at least half of the copy's: one ordered read
+        of the range from the smallest to the largest key (measured ~0.4 µs per item read,
+        a get ~1 µs per key), then a dictionary lookup per key.
+
+        The scan reads at most ``4 * len(keys)`` items (the key count is an estimate); keys
+        past the last item read are looked up one by one. rocksdict's item iterator ends
+        quietly where RocksDB's iterator meets an error, so a scan is trusted only up to its
+        last key, and only once a fresh iterator finds nothing after it, or an error it
+        reports: a key must never read as absent because a block failed to read.
+        """
+        low, high = min(keys), max(keys)
+        bounded = rocksdict.ReadOptions()
+        bounded.set_iterate_upper_bound(high + b"\x00")  # exclusive: every key <= high
+        found = dict(
+            itertools.islice(
+                self._db.items(from_key=low, read_opt=bounded), _SCAN_LIMIT * len(keys)
+            )
+        )
+        last = next(reversed(found)) if found else None
+        it = self._db.iter(bounded)
+        try:
+            it.seek(low if last is None else last)
+            if last is not None and it.valid() and it.key() == last:
+                it.next()
+            if not it.valid():
+                it.status()  # the range is done, or the scan met an error: it raises here
+                return list(map(found.get, keys))
+        finally:
+            del it
+        # The scan stopped early (at its limit, or at an error that a new read may meet
+        # again): keys past its last item are read one by one.
+        get = self._db.get
+        return [found.get(k) if last is not None and k <= last else get(k) for k in keys]
 
     def scan(self, prefix: bytes, *, after: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Committed items whose key starts with ``prefix`` (and is above ``after``, if
