@@ -92,3 +92,25 @@ def test_split_runs_are_the_bodies_of_consecutive_records_up_to_the_part_size(
         assert length <= part_size or stop - start == 1
         if stop < len(records):
             assert len(_framed(records[start : stop + 1])) > part_size
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1024])
+def test_framing_by_chunks_is_the_record_layout_across_chunk_edges(
+    monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Records are framed a chunk at a time: deletes at, before and after chunk edges, a
+    chunk without deletes next to one with, and ranges that start and stop inside chunks
+    all give the layout written record by record."""
+    monkeypatch.setattr(_records, "_FRAME_RECORDS", chunk)
+    records: list[tuple[bytes, bytes | None]] = [
+        (b"k%05d" % i, None if i % 1024 in (0, 1, 1023) or i % 3 == 2 else b"v" * (i % 17))
+        for i in range(3 * 1024 + 5)
+    ]
+    records[2048:3072] = [(k, v or b"x") for k, v in records[2048:3072]]  # a chunk of puts
+    columns = Columns.of(records)
+    assert columns.frame(0, len(records)) == _framed(records)
+    for start, stop in [(0, 0), (1, 2), (1023, 1025), (5, 2050), (2048, 3072), (3000, 3077)]:
+        assert columns.frame(start, stop) == _framed(records[start:stop])
+    puts = Columns.of(records[2048:3072])
+    assert puts.deletes == 0
+    assert puts.frame(0, len(puts)) == _framed(records[2048:3072])

@@ -6,9 +6,10 @@ loops over pre-compiled :class:`struct.Struct` methods bound to locals:
 * encoding works on columns (:class:`Columns`): the packed length fields are looked up by
   ``map`` over a dict of the lengths already packed (a commit's keys and values take few
   distinct lengths, so nearly every field is a lookup, not a new ``bytes``: half the time
-  of packing each), interleaved with the keys and values by slice assignment, and joined
-  once, so no Python code runs per record (measured 3x faster than appending each field to
-  a :class:`bytearray` in a loop);
+  of packing each), interleaved with the keys and values by slice assignment, and joined a
+  chunk of records at a time, so no Python code runs per record (measured 3x faster than
+  appending each field to a :class:`bytearray` in a loop, and joining by chunks 3-4x faster
+  again for a large commit);
 * decoding reads lengths with ``unpack_from`` at an offset and slices each key and value
   once out of the ``bytes`` body. Slicing ``bytes`` makes the one copy the caller keeps; a
   ``memoryview`` slice would need a second one (``bytes(view[a:b])``) and measured ~1.5x
@@ -67,6 +68,8 @@ class _PackedLengths(dict[int, bytes]):
 
 _MAX_PACKED: Final = 1 << 16
 _packed = _PackedLengths()
+_FRAME_RECORDS = 1024
+"""Records framed per ``bytes.join`` before the chunks are joined (see :meth:`Columns.frame`)."""
 
 
 def encode_records(records: Records) -> tuple[bytes, int]:
@@ -204,23 +207,32 @@ class Columns:
         return runs
 
     def frame(self, start: int, stop: int) -> bytes:
-        """The body framing records ``start`` to ``stop``, end marker included."""
-        whole = start == 0 and stop >= len(self.keys)
-        keys = self.keys if whole else self.keys[start:stop]
-        values = self.values if whole else self.values[start:stop]
+        """The body framing records ``start`` to ``stop``, end marker included.
+
+        Joined a chunk of :data:`_FRAME_RECORDS` records at a time, then the chunks:
+        ``bytes.join`` keeps a buffer record (~80 bytes) per piece while it copies, which for
+        four pieces per record of a large commit is hundreds of MB that fall out of the CPU
+        cache; by chunks it stays in cache (measured 3-4x faster at 632k records, no slower
+        at 10k).
+        """
         field = _packed.__getitem__
-        count = len(keys)
-        parts: list[bytes] = [b""] * (4 * count + 1)
-        parts[0 : 4 * count : 4] = map(field, self.key_lengths[start:stop])
-        parts[1 : 4 * count : 4] = keys
-        parts[2 : 4 * count : 4] = map(field, self.value_lengths[start:stop])
-        has_deletes = self.deletes > 0 if whole else None in values
-        if has_deletes:
-            parts[3 : 4 * count : 4] = [b"" if v is None else v for v in values]
-        else:
-            parts[3 : 4 * count : 4] = values  # type: ignore[assignment]
-        parts[-1] = _MINUS_ONE
-        return b"".join(parts)
+        has_deletes = self.deletes > 0 if start == 0 and stop >= len(self.keys) else None
+        chunks: list[bytes] = []
+        for low in range(start, stop, _FRAME_RECORDS):
+            high = min(low + _FRAME_RECORDS, stop)
+            count = 4 * (high - low)
+            values = self.values[low:high]
+            parts: list[bytes] = [b""] * count
+            parts[0:count:4] = map(field, self.key_lengths[low:high])
+            parts[1:count:4] = self.keys[low:high]
+            parts[2:count:4] = map(field, self.value_lengths[low:high])
+            if has_deletes is not False and None in values:
+                parts[3:count:4] = [b"" if v is None else v for v in values]
+            else:
+                parts[3:count:4] = values  # type: ignore[assignment]
+            chunks.append(b"".join(parts))
+        chunks.append(_MINUS_ONE)
+        return b"".join(chunks)
 
 
 def _value_lengths(values: list[Any], deletes: int) -> list[int]:
