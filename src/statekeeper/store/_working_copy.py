@@ -409,8 +409,6 @@ class WorkingCopy:
             # more per key than a loop of gets; raw mode returns bytes, nothing to convert.
             get = self._db.get
             return [get(k) for k in keys]
-        except DamagedCopyError:
-            raise
         except Exception as exc:  # rocksdict raises a bare Exception for every failure
             raise DamagedCopyError(self.path, exc) from exc
 
