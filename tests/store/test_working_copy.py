@@ -208,6 +208,28 @@ def test_multi_get_answers_as_gets_do_whichever_way_it_reads(
     copy.close()
 
 
+@pytest.mark.parametrize("chunk", [1, 2, 1024])
+def test_scan_returns_exactly_the_items_under_a_prefix_after_a_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Prefixes that end in 0xFF or are all 0xFF, ``after`` keys inside, before and past
+    the prefix's range, and chunk edges anywhere: the items are those of a filter over
+    every item."""
+    monkeypatch.setattr(_working_copy, "_SCAN_CHUNK", chunk)
+    copy = _copy(tmp_path)
+    keys = [b"a", b"a\x00", b"a\xff", b"a\xff\x00", b"a\xff\xff", b"b", b"\xff", b"\xff\xff\x01"]
+    keys += [b"k%03d" % i for i in range(40)]
+    copy.apply([(k, k * 2) for k in keys], version=1, root_id=ROOT, attempt="A1")
+    every = sorted((k, k * 2) for k in keys)
+    for prefix in [b"", b"a", b"a\xff", b"\xff", b"\xff\xff", b"k0", b"z"]:
+        for after in [None, b"", b"a\xff", b"k010", b"k039", b"zz"]:
+            expected = [
+                (k, v) for k, v in every if k.startswith(prefix) and (after is None or k > after)
+            ]
+            assert list(copy.scan(prefix, after=after)) == expected, (prefix, after)
+    copy.close()
+
+
 class _CountingGets:
     """A RocksDB handle that counts point reads."""
 
