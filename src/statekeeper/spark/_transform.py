@@ -21,8 +21,13 @@ mapInArrow(task) -> repartitionById``:
   partition id 0. So the output ends with ``repartitionById(partitions,
   spark_partition_id())``, a stage boundary that keeps each row in its partition: whatever
   the user appends runs in a later stage, and the operator's task ids are always its
-  shuffle partitions. The price is one shuffle of the *output* (usually far smaller than
-  the input). A non-empty task checks that its data and its task id agree.
+  shuffle partitions. The boundary also makes a second action over the output (a
+  ``foreachBatch`` sink writing the micro-batch twice) read the shuffle's files instead of
+  running the operator again: without it each action ran every task of the operator
+  once more, each stepping its store back and committing again. The price is one shuffle
+  of the *output* (usually far smaller than the input; in ``benchmarks/pipeline.py``,
+  with one output row per key, about a tenth of a 100k-row micro-batch). A non-empty
+  task checks that its data and its task id agree.
 * Inside a task (:mod:`statekeeper.spark._tasks`) the micro-batch id ``b`` is the local
   property ``streaming.sql.batchId``:
   the task leases its partition's store at version ``b`` (``_cache``), runs the processor,
