@@ -69,6 +69,7 @@ from statekeeper.store import (
     ParentCopy,
     StateBackend,
     StoreRescale,
+    checked_items,
     finish_pending_rescale,
     latest_versions,
 )
@@ -411,18 +412,6 @@ def _index_entries(
             yield key, value
 
 
-def _iter_db(db: rocksdict.Rdict, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-    it = db.iter()
-    it.seek(prefix)
-    while it.valid():
-        key = bytes(it.key())
-        if not key.startswith(prefix):
-            break
-        yield key, bytes(it.value())
-        it.next()
-    it.status()
-
-
 def _drop_outside(db: rocksdict.Rdict, owned: range, record: OperatorRecord | None) -> None:
     """Delete the key groups outside ``owned`` (range tombstones) and the index entries of
     their keys; the operator record, which sorts among the key groups, is written back."""
@@ -435,7 +424,7 @@ def _drop_outside(db: rocksdict.Rdict, owned: range, record: OperatorRecord | No
         batch.put(META_KEY, bytes(raw))
     prefixes = _ttl_prefixes(record)
     for area in (GROUPED_TTL_INDEX, GROUPED_TIMER_INDEX):
-        for key, _ in _index_entries(_iter_db(db, area), prefixes, lambda g: g not in owned):
+        for key, _ in _index_entries(checked_items(db, area), prefixes, lambda g: g not in owned):
             batch.delete(key)
     db.write(batch)
 

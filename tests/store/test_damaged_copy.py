@@ -14,9 +14,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import rocksdict
 
 import statekeeper as sk
+from statekeeper.errors import StateKeeperError
 from statekeeper.storage import LocalBlobStore
+from statekeeper.store import checked_items
 
 KEYS = 3000
 
@@ -117,6 +120,33 @@ def test_damage_met_in_a_scan_resumes_after_the_last_key(tmp_path: Path) -> None
         items = list(store.scan(b"k"))
     assert items == [(b"k%05d" % i, _value(i)) for i in range(KEYS)]
     assert len(_aside(copy)) == 1
+
+
+def _read_only(copy: Path) -> rocksdict.Rdict:
+    return rocksdict.Rdict(
+        str(copy), rocksdict.Options(raw_mode=True), access_type=rocksdict.AccessType.read_only()
+    )
+
+
+def test_a_whole_database_read_raises_at_damage_and_never_ends_short(tmp_path: Path) -> None:
+    """What a rescale and the change feed read a whole database with (``checked_items``):
+    every item under a prefix, in order; at a damaged block an error, where rocksdict's
+    ``items()`` ends as if the database ended there (seen: 1,476 of 3,000 items)."""
+    _, copy = _committed(tmp_path)
+    db = _read_only(copy)
+    assert list(checked_items(db, b"k")) == [(b"k%05d" % i, _value(i)) for i in range(KEYS)]
+    assert [k for k, _ in checked_items(db, b"k0001")] == [b"k%05d" % i for i in range(10, 20)]
+    assert list(checked_items(db, b"nothing here")) == []
+    db.close()
+    sst = max(_ssts(copy), key=lambda p: p.stat().st_size)
+    _flip(sst, sst.stat().st_size // 2)
+    db = _read_only(copy)
+    read: list[bytes] = []
+    with pytest.raises(StateKeeperError, match=r"reading the RocksDB database .* failed after"):
+        read.extend(k for k, _ in checked_items(db, b"k"))
+    assert 0 < len(read) < KEYS
+    db.close()  # nothing the error keeps holds the database open
+    assert rocksdict.Rdict(str(copy), rocksdict.Options(raw_mode=True)).close() is None
 
 
 HOLDER = textwrap.dedent(

@@ -13,7 +13,7 @@ from statekeeper.store._rescale import (
 from statekeeper.store._root import DEFAULT_KEY_GROUPS, Rescale, Retention, RootMetadata
 from statekeeper.store._state_store import CommitInfo, RestoreInfo, StateStore
 from statekeeper.store._store_changes import StoreChange, StoreChanges
-from statekeeper.store._working_copy import remove_unused_copy
+from statekeeper.store._working_copy import checked_items, remove_unused_copy
 
 __all__ = [
     "DEFAULT_KEY_GROUPS",
@@ -29,6 +29,7 @@ __all__ = [
     "StoreChange",
     "StoreChanges",
     "StoreRescale",
+    "checked_items",
     "finish_pending_rescale",
     "latest_versions",
     "remove_unused_copy",

@@ -25,13 +25,13 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import rocksdict
 
 from statekeeper.history import ChangeStretch, StoreHistory
 from statekeeper.store._backend import StateBackend
 from statekeeper.store._changelogs import changelog_parts, prefix_length, read_prefixes
+from statekeeper.store._working_copy import checked_items
 
 __all__ = ["StoreChange", "StoreChanges", "diff_items"]
 
@@ -157,7 +157,7 @@ class StoreChanges:
             for version, target in ((stretch.start, before), (stretch.end, after)):
                 self._backend.export(self.operator, self.partition, target, version=version)
             with _read_only(before) as old, _read_only(after) as new:
-                for key, value in diff_items(_items(old), _items(new)):
+                for key, value in diff_items(checked_items(old), checked_items(new)):
                     yield StoreChange(stretch.end, key, value)
 
 
@@ -176,11 +176,6 @@ class _read_only:
 
     def __exit__(self, *exc: object) -> None:
         self._db.close()
-
-
-def _items(db: rocksdict.Rdict) -> Iterator[tuple[bytes, bytes]]:
-    """Every item of a raw-mode database, in key order."""
-    return cast("Iterator[tuple[bytes, bytes]]", iter(db.items()))
 
 
 def diff_items(

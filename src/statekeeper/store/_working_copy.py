@@ -63,6 +63,7 @@ __all__ = [
     "SHARED_MEMORY",
     "DamagedCopyError",
     "WorkingCopy",
+    "checked_items",
     "copy_exists",
     "forget_lineage",
     "remove_unused_copy",
@@ -83,6 +84,75 @@ def _prefix_end(prefix: bytes) -> bytes | None:
     none, the prefix is empty or all 0xFF)."""
     stem = prefix.rstrip(b"\xff")
     return stem[:-1] + bytes([stem[-1] + 1]) if stem else None
+
+
+def _read_range(
+    db: rocksdict.Rdict, start: bytes, upper: bytes | None, limit: int
+) -> list[tuple[bytes, bytes]]:
+    """Up to ``limit`` items of ``db`` from ``start`` (inclusive) below ``upper``
+    (exclusive; ``None``: to the end), in key order: all there are, unless ``limit`` are
+    returned. The one ordered read of a database (scans, dense multi-gets, whole-database
+    reads), so its check is in one place.
+
+    rocksdict's item iterator ends quietly where RocksDB's iterator meets an error (seen:
+    1,476 of 3,000 items and no exception, at a flipped SST byte), so a read shorter than
+    ``limit`` is trusted only once a fresh iterator finds nothing after its last item and
+    reports no error: a key must never read as absent because a block failed to read.
+
+    Raises:
+        RuntimeError: the read stopped early.
+        Exception: RocksDB failed the read (rocksdict raises a bare Exception).
+    """
+    bounded = rocksdict.ReadOptions()
+    if upper is not None:
+        bounded.set_iterate_upper_bound(upper)
+    # Raw mode: bytes keys and values (rocksdict's stubs type them for any mode). The item
+    # iterator is never named: a frame that an error keeps alive would keep it, and with it
+    # the database, open.
+    items = list(
+        itertools.islice(
+            cast(Iterator[tuple[bytes, bytes]], db.items(from_key=start, read_opt=bounded)),
+            limit,
+        )
+    )
+    if len(items) == limit:
+        return items
+    it = db.iter(bounded)
+    try:
+        it.seek(items[-1][0] if items else start)
+        if items and it.valid():
+            it.next()  # past the last item read
+        if it.valid():
+            raise RuntimeError(
+                f"RocksDB's iterator stopped before the end of the range, at {len(items)} "
+                "items, with more after them"
+            )
+        it.status()  # the error the read met, if any
+    finally:
+        del it
+    return items
+
+
+def _scan(
+    db: rocksdict.Rdict, prefix: bytes, after: bytes | None = None
+) -> Iterator[tuple[bytes, bytes]]:
+    """The items of ``db`` whose key starts with ``prefix`` (and is above ``after``), in
+    key order, read in chunks of :data:`_SCAN_CHUNK` (:func:`_read_range`).
+
+    Raises:
+        RuntimeError, Exception: as :func:`_read_range`.
+    """
+    upper = _prefix_end(prefix)
+    start, skip = (prefix, None) if after is None or after < prefix else (after, after)
+    while True:
+        chunk = _read_range(db, start, upper, _SCAN_CHUNK + (skip is not None))
+        full = len(chunk) == _SCAN_CHUNK + (skip is not None)
+        if chunk and chunk[0][0] == skip:
+            chunk = chunk[1:]
+        yield from chunk
+        if not full:
+            return
+        start = skip = chunk[-1][0]
 
 
 # Directories with an open working copy in this process: RocksDB refuses a second handle on
@@ -446,73 +516,32 @@ class WorkingCopy:
         """Committed items whose key starts with ``prefix`` (and is above ``after``, if
         given), sorted by key.
 
-        Reads in chunks of :meth:`_read_range`, so no RocksDB iterator outlives a chunk (an
+        Reads in chunks of :func:`_read_range`, so no RocksDB iterator outlives a chunk (an
         abandoned generator must not keep the database open).
 
         Raises:
             DamagedCopyError: RocksDB failed the read (never a silently shorter scan).
         """
         self.wait()
-        upper = _prefix_end(prefix)
-        start, skip = (prefix, None) if after is None or after < prefix else (after, after)
-        while True:
-            chunk = self._read_range(start, upper, _SCAN_CHUNK + (skip is not None))
-            full = len(chunk) == _SCAN_CHUNK + (skip is not None)
-            if chunk and chunk[0][0] == skip:
-                chunk = chunk[1:]
-            yield from (item for item in chunk if item[0] != LABEL_KEY)
-            if not full:
-                return
-            start = skip = chunk[-1][0]
+        try:
+            for item in _scan(self._db, prefix, after):
+                if item[0] != LABEL_KEY:
+                    yield item
+        except Exception as exc:  # rocksdict raises a bare Exception for every failure
+            raise DamagedCopyError(self.path, exc) from exc
 
     def _read_range(
         self, start: bytes, upper: bytes | None, limit: int
     ) -> list[tuple[bytes, bytes]]:
-        """Up to ``limit`` items from ``start`` (inclusive) below ``upper`` (exclusive;
-        ``None``: to the end), in key order: all there are, unless ``limit`` are returned.
-
-        rocksdict's item iterator ends quietly where RocksDB's iterator meets an error (seen:
-        1,476 of 3,000 items and no exception, at a flipped SST byte), so a read shorter than
-        ``limit`` is trusted only once a fresh iterator finds nothing after its last item and
-        reports no error: a key must never read as absent because a block failed to read.
+        """:func:`_read_range` of this copy.
 
         Raises:
             DamagedCopyError: RocksDB failed the read, or the read stopped early.
         """
-        bounded = rocksdict.ReadOptions()
-        if upper is not None:
-            bounded.set_iterate_upper_bound(upper)
         try:
-            # Raw mode: bytes keys and values (rocksdict's stubs type them for any mode). The
-            # item iterator is never named: a frame that an error keeps alive would keep it,
-            # and with it the database, open.
-            items = list(
-                itertools.islice(
-                    cast(
-                        Iterator[tuple[bytes, bytes]],
-                        self._db.items(from_key=start, read_opt=bounded),
-                    ),
-                    limit,
-                )
-            )
-            if len(items) == limit:
-                return items
-            it = self._db.iter(bounded)
-            try:
-                it.seek(items[-1][0] if items else start)
-                if items and it.valid():
-                    it.next()  # past the last item read
-                if it.valid():
-                    raise RuntimeError(
-                        f"RocksDB's iterator stopped before the end of the range, at "
-                        f"{len(items)} items, with more after them"
-                    )
-                it.status()  # the error the read met, if any
-            finally:
-                del it
+            return _read_range(self._db, start, upper, limit)
         except Exception as exc:  # rocksdict raises a bare Exception for every failure
             raise DamagedCopyError(self.path, exc) from exc
-        return items
 
     def _raw_label(self) -> bytes | None:
         raw = self.get(LABEL_KEY)
@@ -859,6 +888,26 @@ def forget_lineage(path: str) -> None:
     """Delete the lineage record of the working copy at ``path``, if any."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(_lineage_path(os.path.abspath(path)))
+
+
+def checked_items(db: rocksdict.Rdict, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+    """Every item of a raw-mode database whose key starts with ``prefix``, in key order,
+    for readers of a whole database other than a store (a rescale, the change feed): the
+    store's own ordered read (:func:`_scan`), so it never comes out shorter without an
+    error, where rocksdict's ``items()`` ends quietly at a damaged block.
+
+    Raises:
+        StateKeeperError: RocksDB failed the read.
+    """
+    read = 0
+    try:
+        for item in _scan(db, prefix):
+            yield item
+            read += 1
+    except Exception as exc:  # rocksdict raises a bare Exception for every failure
+        raise StateKeeperError(
+            f"reading the RocksDB database {db.path()} failed after {read} items: {exc}"
+        ) from exc
 
 
 def copy_exists(path: str) -> bool:
