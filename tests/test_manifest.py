@@ -72,6 +72,29 @@ def test_a_zombie_never_displaces_a_newer_attempt() -> None:
     assert m.fence == (1, 0, 0, 1)
 
 
+def test_an_attempt_built_on_a_replaced_version_is_refused() -> None:
+    """A store that loaded version 1 of attempt ``a``, which a re-run (``b``) then
+    replaced: its changes were made on ``a``'s content, so it may neither append version 2
+    nor replace it; built on ``b`` it may. Version 0 (no entry) has nothing to compare."""
+    m = commit(commit(empty(), 0, "a", (1, 0, 0, 0)), 0, "b", (2, 0, 0, 0))
+    assert attempts(m) == [(1, "b", "")]
+    with pytest.raises(CommitConflictError, match="was built on version 1 of attempt a"):
+        decide(m, parent=1, attempt="c", order=(2, 1, 0, 0), parent_attempt="a")
+    assert decide(m, parent=1, attempt="c", order=(2, 1, 0, 0), parent_attempt="b").action == (
+        "append"
+    )
+    m = commit(m, 1, "c", (2, 1, 0, 0))
+    with pytest.raises(CommitConflictError, match="now attempt b"):  # a replace, on a
+        decide(m, parent=1, attempt="d", order=(3, 0, 0, 0), parent_attempt="a")
+    assert decide(m, parent=1, attempt="d", order=(3, 0, 0, 0), parent_attempt="b").action == (
+        "replace"
+    )
+    fresh = empty()  # version 0, the empty store, has no entry and no attempt to compare
+    assert decide(fresh, parent=0, attempt="e", order=PLAIN_ORDER, parent_attempt="x").action == (
+        "append"
+    )
+
+
 def test_equal_orders_do_not_replace_each_other_but_a_retry_is_idempotent() -> None:
     m = commit(empty(), 0, "a")
     with pytest.raises(CommitConflictError, match="is not newer"):

@@ -207,13 +207,23 @@ class Decision:
     version: int
 
 
-def decide(manifest: StoreManifest, *, parent: int, attempt: str, order: Order) -> Decision:
-    """Decide whether an attempt that loaded version ``parent`` may commit ``parent + 1``.
+def decide(
+    manifest: StoreManifest,
+    *,
+    parent: int,
+    attempt: str,
+    order: Order,
+    parent_attempt: str | None = None,
+) -> Decision:
+    """Decide whether an attempt that loaded version ``parent`` (its content written by
+    ``parent_attempt``, if given) may commit ``parent + 1``.
 
     Raises:
         CommitConflictError: the attempt is older than the store's fence (a zombie), or
             version ``parent + 1`` is final (a later version was built on it), or it was
-            committed by another attempt of the same or a newer order.
+            committed by another attempt of the same or a newer order, or version
+            ``parent`` is no longer ``parent_attempt``'s (a re-run replaced it after this
+            attempt loaded it: its changes were made on other content).
         StateNotFoundError: ``parent`` is newer than the newest committed version.
     """
     where = f"store {manifest.operator}/{manifest.partition}"
@@ -224,19 +234,28 @@ def decide(manifest: StoreManifest, *, parent: int, attempt: str, order: Order) 
             "attempt and may not commit"
         )
     version = parent + 1
-    if parent == manifest.latest:
-        return Decision("append", version)
     if parent > manifest.latest:
         raise StateNotFoundError(
             f"{where}: cannot commit version {version} on version {parent}: the newest "
             f"committed version is {manifest.latest} (manifest {manifest.seq})"
         )
-    current = manifest.entry(version)
-    if parent < manifest.latest - 1 or current is None:
+    current = manifest.entry(version)  # None when parent is the newest version
+    if parent < manifest.latest - 1 or (parent < manifest.latest and current is None):
         raise CommitConflictError(
             f"{where}: version {version} is final: version {manifest.latest} was built on "
             f"it (manifest {manifest.seq}); a re-run may only replace the newest version"
         )
+    loaded = manifest.entry(parent)  # None: version 0, or a base whose entry is dropped
+    if parent_attempt is not None and loaded is not None and loaded.attempt != parent_attempt:
+        raise CommitConflictError(
+            f"{where}: attempt {attempt} was built on version {parent} of attempt "
+            f"{parent_attempt}, but version {parent} is now attempt {loaded.attempt} "
+            f"(manifest {manifest.seq}): a re-run replaced it after this store loaded it, so "
+            "its changes were made on other content; reopen the store to continue from the "
+            "newest version"
+        )
+    if current is None:
+        return Decision("append", version)
     if current.attempt == attempt:
         return Decision("done", version)
     if order > current.order:

@@ -53,6 +53,43 @@ def test_the_next_task_reuses_the_open_store(cache: StoreCache, spec: StoreSpec)
     cache.release(rerun, ok=True)
 
 
+def test_a_restarted_run_reopens_a_store_that_a_re_run_may_have_replaced(
+    tmp_path: Path,
+) -> None:
+    """Executor 1's worker keeps version 1 open (run 1). The query restarts (run 2) and
+    batch 0 re-runs on executor 2, replacing version 1. Run 2's batch 1 on executor 1 must
+    read the re-run's version 1: its cached store is opened again, not reused."""
+    root = str(tmp_path / "root")
+    one, two = (
+        StoreSpec(root, "op", 2, StoreConfig(local_dir=str(tmp_path / name)), (), 5.0)
+        for name in ("executor1", "executor2")
+    )
+    worker1, worker2 = StoreCache(), StoreCache()
+    try:
+        lease = worker1.acquire(one, 0, 0, generation=1)
+        lease.store.put(b"k", b"run 1")
+        lease.store.commit(order=(1, 0, 0, 0))
+        worker1.release(lease, ok=True)
+        same_run = worker1.acquire(one, 0, 1, generation=1)
+        assert same_run.reused
+        worker1.release(same_run, ok=True)
+
+        rerun = worker2.acquire(two, 0, 0, generation=2)
+        rerun.store.put(b"k", b"run 2")
+        rerun.store.commit(order=(2, 0, 0, 0))  # replaces version 1: nothing built on it
+        worker2.release(rerun, ok=True)
+
+        lease = worker1.acquire(one, 0, 1, generation=2)
+        assert not lease.reused
+        assert lease.store.get(b"k") == b"run 2"
+        lease.store.put(b"k", b"run 2, batch 1")
+        assert lease.store.commit(order=(2, 1, 0, 0)).version == 2
+        worker1.release(lease, ok=True)
+    finally:
+        worker1.close_all()
+        worker2.close_all()
+
+
 def test_a_failed_task_leaves_nothing_behind(cache: StoreCache, spec: StoreSpec) -> None:
     lease = cache.acquire(spec, 0, 0)
     lease.store.put(b"k", b"half done")

@@ -51,6 +51,33 @@ def test_a_fixed_processor_re_runs_a_committed_batch_and_the_old_run_is_fenced(
             assert store.get(b"k") == value
 
 
+def test_a_store_left_open_on_a_version_a_re_run_replaced_cannot_build_on_it(
+    tmp_path: Path,
+) -> None:
+    """The cluster accident of ``tests/spark/test_cluster_order.py``: executor 1 commits
+    batch 0 and keeps the store open (a Python worker caches it); the query restarts, and
+    batch 0 re-runs on executor 2, whose commit replaces version 1 (nothing was built on
+    it yet). Batch 1 then lands on executor 1: its cached store still reads version 1 as
+    executor 1 wrote it, so its changes were made on content that is no longer version 1.
+    The commit is refused (it once appended version 2 onto the re-run's version 1, while
+    the task's output came from the old one); reopened, the store reads the re-run's."""
+    first, second = _backend(tmp_path, "executor1"), _backend(tmp_path, "executor2")
+    cached = first.open("op", 0)
+    _commit(cached, {b"list": b"a,b"}, (1, 0, 0, 0))  # arrival order of run 1
+    with second.open("op", 0, version=0) as store:  # the re-run, a newer generation
+        _commit(store, {b"list": b"b,a"}, (2, 0, 0, 0))
+    assert cached.get(b"list") == b"a,b"  # stale: it read the replaced attempt's content
+    cached.put(b"list", cached.get(b"list") + b",c")  # type: ignore[operator]
+    with pytest.raises(sk.CommitConflictError, match="a re-run replaced it"):
+        cached.commit(order=(2, 1, 0, 0))
+    cached.close()
+    with first.open("op", 0) as store:  # the task's retry: reopened on the same copy
+        assert (store.version, store.get(b"list")) == (1, b"b,a")
+        _commit(store, {b"list": b"b,a,c"}, (2, 1, 0, 1))
+    with _backend(tmp_path, "reader").open("op", 0) as store:
+        assert (store.version, store.get(b"list")) == (2, b"b,a,c")
+
+
 def test_equal_orders_do_not_replace_each_other_and_a_final_version_stays(tmp_path: Path) -> None:
     a, b = _backend(tmp_path, "a"), _backend(tmp_path, "b")
     sa, sb = a.open("op", 0), b.open("op", 0)

@@ -94,6 +94,9 @@ class _Entry:
     partitions: int = 0
     """The operator's partition count the store was opened under: after a rescale
     (``statekeeper repartition``) the store at the same version holds other keys."""
+    generation: int | None = None
+    """The operator's run (generation) the store was opened in: a restarted query may re-run
+    the last batch elsewhere and replace the version this store holds."""
     busy: bool = False
     idle_since: float = field(default_factory=time.monotonic)
 
@@ -134,8 +137,17 @@ class StoreCache:
                 backend = self._backends.setdefault(key, backend)
         return backend
 
-    def acquire(self, spec: StoreSpec, partition: int, version: int) -> Lease:
-        """The store of (``spec.operator``, ``partition``) at exactly ``version``, for one task.
+    def acquire(
+        self, spec: StoreSpec, partition: int, version: int, generation: int | None = None
+    ) -> Lease:
+        """The store of (``spec.operator``, ``partition``) at exactly ``version``, for one task
+        of the operator's run ``generation``.
+
+        A store left open by an earlier task is reused only at that version and in the same
+        run: after a restart, the re-run of the last batch may have run on another executor
+        and replaced the version this store holds, so the store is opened again (which checks
+        its working copy against the root). Within a run the commit protocol refuses a store
+        built on a replaced version (``CommitConflictError``; the task's retry reopens it).
 
         Raises:
             StoreBusyError: another process kept the working copy locked too long.
@@ -147,7 +159,10 @@ class StoreCache:
         try:
             store, info = entry.store, None
             if store is not None and (
-                store.closed or store.version != version or entry.partitions != spec.partitions
+                store.closed
+                or store.version != version
+                or entry.partitions != spec.partitions
+                or entry.generation != generation
             ):
                 store.close()
                 store = entry.store = None
@@ -155,6 +170,7 @@ class StoreCache:
                 store = _open(entry.backend, spec, partition, version)
                 entry.store, info = store, store.restore_info
                 entry.partitions = spec.partitions
+                entry.generation = generation
         except BaseException:
             self._evict(entry)
             raise

@@ -135,7 +135,7 @@ def rows_task(spec: TaskSpec, processor: StatefulProcessor, batches: Any) -> Ite
             if top is not None:
                 beats.append(top)
         ctx = _identity(spec, task_input.partition)
-        lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id)
+        lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id, spec.generation)
     except BaseException:
         source.close()
         raise
@@ -171,7 +171,7 @@ def arrow_task(spec: TaskSpec, fn: ArrowFunction, batches: Any) -> Iterator[Any]
     started = time.perf_counter()
     data_partition, stripped = peek_partition(iter(batches), spec.partitioning)
     ctx = _identity(spec, data_partition)
-    lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id)
+    lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id, spec.generation)
     stats = RunStats()
     try:
         yield from run_arrow(

@@ -402,6 +402,9 @@ class StateStore:
     def _commit(self, order: Order, started: int) -> CommitInfo:
         with phases.phase("encode"):
             columns = _sorted_columns(self._pending)
+        # The attempt whose content this store loaded (and its copy holds): a re-run may
+        # have replaced that version since, and these changes were made on this content.
+        parent = self._copy.attempt
         if self._attempt is None:
             self._attempt = uuid.uuid4().hex
         if self._before_commit is not None:
@@ -410,9 +413,9 @@ class StateStore:
         try:
             if self._config.mode == "snapshot":
                 with phases.phase("snapshot"):
-                    key, uploaded = self._commit_snapshot(columns, order)
+                    key, uploaded = self._commit_snapshot(columns, order, parent)
             else:
-                key, uploaded = self._commit_changelog(columns, order)
+                key, uploaded = self._commit_changelog(columns, order, parent)
         except CommitConflictError as exc:
             self._state = _State.FAILED
             raise CommitConflictError(
@@ -443,11 +446,11 @@ class StateStore:
         metrics, self._metrics = self._metrics, []
         write_metrics_quietly(self._blobs, self._operator, self._partition, metrics)
 
-    def _commit_changelog(self, columns: Columns, order: Order) -> tuple[str, int]:
+    def _commit_changelog(self, columns: Columns, order: Order, parent: str) -> tuple[str, int]:
         new_version = self._version + 1
         attempt = self._attempt
         assert attempt is not None
-        adopted = self._refuse_early(new_version, attempt, order, columns)
+        adopted = self._refuse_early(new_version, attempt, order, columns, parent)
         if adopted is not None:
             self._apply_locally(columns, new_version, adopted)
             return self._manifest.entry(new_version).blob, 0  # type: ignore[union-attr]
@@ -473,7 +476,7 @@ class StateStore:
             _log.info("changelog %s was written by an earlier try of this commit", key)
             size = 0
         with phases.phase("upload"):
-            adopted = self._publish(new_version, attempt, order, "changelog", key, columns)
+            adopted = self._publish(new_version, attempt, order, "changelog", key, columns, parent)
         if parts.count == 1:
             # Nearly every commit: written to the copy after the commit returns (_overlap).
             self._copy.write_behind(
@@ -543,13 +546,16 @@ class StateStore:
         except StateKeeperError as exc:
             raise self._local_failure(version, attempt, exc, committed=True) from exc
 
-    def _commit_snapshot(self, columns: Columns, order: Order) -> tuple[str, int]:
+    def _commit_snapshot(self, columns: Columns, order: Order, parent: str) -> tuple[str, int]:
         """Apply locally marked dirty, upload the snapshot, publish it, then mark clean."""
         new_version = self._version + 1
         attempt = self._attempt
         assert attempt is not None
         try:
-            decide(self._manifest, parent=self._version, attempt=attempt, order=order)
+            decide(
+                self._manifest, parent=self._version, attempt=attempt, order=order,
+                parent_attempt=parent,
+            )  # fmt: skip
             self._apply_dirty(columns, new_version, attempt)
             job = SnapshotJob(
                 self._copy, self._operator, self._partition, root_id=self._root_id,
@@ -558,7 +564,7 @@ class StateStore:
             metrics = self._snapshotter.run(job)
             if metrics is None:
                 raise StateKeeperError(f"could not snapshot {self!r}: the copy was closed")
-            self._publish(new_version, attempt, order, "snapshot", job.index_key, None)
+            self._publish(new_version, attempt, order, "snapshot", job.index_key, None, parent)
         except BaseException:
             self._state = _State.FAILED  # the local copy holds an uncommitted version
             raise
@@ -605,13 +611,16 @@ class StateStore:
         )
 
     def _refuse_early(
-        self, version: int, attempt: str, order: Order, columns: Columns
+        self, version: int, attempt: str, order: Order, columns: Columns, parent: str
     ) -> str | None:
         """Refuse a commit the cached manifest already refuses, before writing anything
         (its fence and its final versions only grow); ``None``, or the attempt to adopt
         when the version holds identical content already."""
         try:
-            decide(self._manifest, parent=version - 1, attempt=attempt, order=order)
+            decide(
+                self._manifest, parent=version - 1, attempt=attempt, order=order,
+                parent_attempt=parent,
+            )  # fmt: skip
         except CommitConflictError:
             adopted = self._identical(self._manifest, version, columns)
             if adopted is None:
@@ -627,8 +636,10 @@ class StateStore:
         kind: Kind,
         blob: str,
         columns: Columns | None,
+        parent: str,
     ) -> str | None:
-        """Write the manifest naming this attempt as ``version``: the commit point.
+        """Write the manifest naming this attempt as ``version``, built on ``parent``'s
+        content of ``version - 1``: the commit point.
 
         Returns ``None``, or the attempt adopted when another attempt of the same order
         committed identical content first.
@@ -640,7 +651,10 @@ class StateStore:
         manifest = self._manifest
         while True:
             try:
-                decision = decide(manifest, parent=version - 1, attempt=attempt, order=order)
+                decision = decide(
+                    manifest, parent=version - 1, attempt=attempt, order=order,
+                    parent_attempt=parent,
+                )  # fmt: skip
             except CommitConflictError:
                 adopted = None if columns is None else self._identical(manifest, version, columns)
                 if adopted is None:
