@@ -148,6 +148,10 @@ class Model:
         below = self.cands.get(v - 1, [])
         parents = {c.state for c in below}
         parent = "no" if attempt.parent not in parents else "yes" if len(parents) == 1 else "maybe"
+        if parent == "yes" and sum(c.landed for c in below) > 1:
+            # Replaced by identical content: the protocol tells attempts apart, not content,
+            # and refuses a store built on the replaced one (it reopens and reads the other).
+            parent = "maybe"
         if self.known_high > v:
             successor = "landed"
         else:

@@ -156,9 +156,13 @@ class Writer(Actor):
             self.store = None
 
     def _zombie_batch(self) -> None:
-        """The old process of a restarted writer commits once more, then is gone."""
+        """The old process of a restarted writer commits once more, then is gone; with
+        ``stale``, with the new process's order (a cached store reused by the new run)."""
         assert self.zombie is not None
         store, state, order = self.zombie
+        if self.scenario.stale:
+            self.process()  # the new run has started: its order
+            order = self.order
         self.sim.note(f"zombie commit {store.version + 1}")
         attempt = self._apply(store, state, order, self._writes(), f"{self.name}-zombie")
         try:

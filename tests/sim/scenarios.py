@@ -56,6 +56,9 @@ class Scenario:
     """Chance per writer step of a deliberate restart (a new process, a new attempt)."""
     zombies: bool = False
     """A restarted writer's old process lives on and commits once more (a zombie)."""
+    stale: bool = False
+    """With ``zombies``: that last commit is made with the new process's order, as by a Spark
+    worker whose cached store outlived a restart and takes a task of the new run."""
     orders: bool = False
     """Every new process is a newer attempt (a higher generation), as a restarted query is."""
     writer_snapshots: float = 0.0
@@ -137,6 +140,19 @@ SCENARIOS = _scenarios(
         rerun=0.6,
         restarts=0.25,
         zombies=True,
+        orders=True,
+    ),
+    Scenario(
+        "stale_cached_store",
+        "rerun_newer_attempt, but the old process's store commits once more with the new "
+        "run's order (a worker's cached store after a restart): built on a replaced version "
+        "it must be refused",
+        (ActorSpec("writer", steps=6), _READER),
+        faults=_FAULTS,
+        rerun=0.6,
+        restarts=0.25,
+        zombies=True,
+        stale=True,
         orders=True,
     ),
     Scenario(
