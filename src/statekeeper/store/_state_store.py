@@ -348,11 +348,13 @@ class StateStore:
         :data:`statekeeper.manifest.Order`; the plain API's is ``(0, 0, 0, 0)``). It
         replaces another attempt's ``version + 1`` if that one is older and nothing was
         built on it (a re-run of a batch); it is refused if an attempt of a newer order
-        already wrote the store (this one is a zombie), if ``version + 1`` is final, or if
+        already wrote the store (this one is a zombie), if ``version + 1`` is final, if
         an attempt of the same order committed it with other content (one of the same
-        content, a re-run, is accepted). If the upload fails with a storage error nothing
-        changes locally and, in changelog mode, ``commit`` may be called again (the same
-        attempt, unless writes were made in between). :attr:`CommitInfo.phases_ms` says
+        content, a re-run, is accepted), or if another attempt replaced ``version`` since
+        this store loaded it (its changes were made on other content: reopen the store).
+        If the upload fails with a storage error nothing changes locally and, in changelog
+        mode, ``commit`` may be called again (the same attempt, unless writes were made in
+        between). :attr:`CommitInfo.phases_ms` says
         where the time went. Every ``snapshot_every`` versions a snapshot is scheduled in the
         background. In snapshot mode the commit is an incremental snapshot.
 
