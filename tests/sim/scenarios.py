@@ -85,6 +85,18 @@ def _scenarios(*scenarios: Scenario) -> dict[str, Scenario]:
     return {s.name: s for s in scenarios}
 
 
+_RERUN_NEWER = Scenario(
+    "rerun_newer_attempt",
+    "a writer restarted as a newer attempt re-runs its last batch with other content; "
+    "its old process (a zombie) commits once more",
+    (ActorSpec("writer", steps=6), _READER),
+    faults=_FAULTS,
+    rerun=0.6,
+    restarts=0.25,
+    zombies=True,
+    orders=True,
+)
+
 SCENARIOS = _scenarios(
     Scenario(
         "changelog_writer",
@@ -131,29 +143,14 @@ SCENARIOS = _scenarios(
         faults=_FAULTS,
     ),
     # -- format 1 failed these -----------------------------------------------------------
-    Scenario(
-        "rerun_newer_attempt",
-        "a writer restarted as a newer attempt re-runs its last batch with other content; "
-        "its old process (a zombie) commits once more",
-        (ActorSpec("writer", steps=6), _READER),
-        faults=_FAULTS,
-        rerun=0.6,
-        restarts=0.25,
-        zombies=True,
-        orders=True,
-    ),
-    Scenario(
-        "stale_cached_store",
-        "rerun_newer_attempt, but the old process's store commits once more with the new "
+    _RERUN_NEWER,
+    replace(
+        _RERUN_NEWER,
+        name="stale_cached_store",
+        doc="rerun_newer_attempt, but the old process's store commits once more with the new "
         "run's order (a worker's cached store after a restart): built on a replaced version "
         "it must be refused",
-        (ActorSpec("writer", steps=6), _READER),
-        faults=_FAULTS,
-        rerun=0.6,
-        restarts=0.25,
-        zombies=True,
         stale=True,
-        orders=True,
     ),
     Scenario(
         "rerun_newer_attempt_snapshot_mode",
