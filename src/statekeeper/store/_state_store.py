@@ -354,9 +354,9 @@ class StateStore:
         this store loaded it (its changes were made on other content: reopen the store).
         If the upload fails with a storage error nothing changes locally and, in changelog
         mode, ``commit`` may be called again (the same attempt, unless writes were made in
-        between). :attr:`CommitInfo.phases_ms` says
-        where the time went. Every ``snapshot_every`` versions a snapshot is scheduled in the
-        background. In snapshot mode the commit is an incremental snapshot.
+        between). :attr:`CommitInfo.phases_ms` says where the time went. Every
+        ``snapshot_every`` versions a snapshot is scheduled in the background. In snapshot
+        mode the commit is an incremental snapshot.
 
         A changelog-mode commit returns once the version is durable in the blob store; its
         write to the local working copy runs on a helper thread, and the store's next read,
