@@ -67,6 +67,7 @@ __all__ = [
     "decide",
     "decode_manifest",
     "encode_manifest",
+    "fenced",
     "read_newest_manifest",
     "with_base",
     "with_snapshot",
@@ -311,6 +312,13 @@ def apply(
         snapshots=snapshots,
         retired=retired,
     )
+
+
+def fenced(manifest: StoreManifest, order: Order) -> StoreManifest:
+    """The next manifest with the fence raised to ``order`` and nothing else changed: an
+    attempt that adopted another's identical content of a version (nothing to write) still
+    takes the store, so that attempts older than it can no longer commit."""
+    return replace(manifest, seq=manifest.seq + 1, fence=max(manifest.fence, order))
 
 
 # -- encoding ------------------------------------------------------------------------------

@@ -78,6 +78,28 @@ def test_a_store_left_open_on_a_version_a_re_run_replaced_cannot_build_on_it(
         assert (store.version, store.get(b"list")) == (2, b"b,a,c")
 
 
+def test_adopting_a_version_fences_the_run_it_replaces(tmp_path: Path) -> None:
+    """A new run re-runs a batch whose version the old run already built on, with
+    identical content: there is nothing to write (the version is adopted), but the store's
+    fence still rises to the new run's order. Else a zombie of the old run could append
+    version 4, and the new run's next commit would find version 3 final: wedged for good
+    (found by the simulation, ``rerun_newer_attempt`` seed 926610208)."""
+    zombie = _backend(tmp_path, "run1").open("op", 0)
+    for batch, value in enumerate((b"1", b"2", b"3")):
+        _commit(zombie, {b"k": value}, (1, batch, 0, 0))
+    rerun = _backend(tmp_path, "run2").open("op", 0, version=1)
+    _commit(rerun, {b"k": b"2"}, (2, 0, 0, 0))  # identical: adopted, nothing written
+    assert rerun.version == 2
+    zombie.put(b"k", b"4")
+    with pytest.raises(sk.CommitConflictError, match="zombie"):
+        zombie.commit(order=(1, 3, 0, 0))
+    zombie.close()
+    _commit(rerun, {b"k": b"3, run 2"}, (2, 1, 0, 0))  # replaces version 3: not final
+    rerun.close()
+    with _backend(tmp_path, "reader").open("op", 0) as store:
+        assert (store.version, store.get(b"k")) == (3, b"3, run 2")
+
+
 def test_equal_orders_do_not_replace_each_other_and_a_final_version_stays(tmp_path: Path) -> None:
     a, b = _backend(tmp_path, "a"), _backend(tmp_path, "b")
     sa, sb = a.open("op", 0), b.open("op", 0)

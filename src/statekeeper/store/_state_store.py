@@ -36,6 +36,7 @@ from statekeeper.manifest import (
     StoreManifest,
     apply,
     decide,
+    fenced,
     read_newest_manifest,
     write_manifest,
 )
@@ -454,6 +455,8 @@ class StateStore:
         assert attempt is not None
         adopted = self._refuse_early(new_version, attempt, order, columns, parent)
         if adopted is not None:
+            with phases.phase("upload"):
+                self._manifest = self._raise_fence(self._manifest, order)
             self._apply_locally(columns, new_version, adopted)
             return self._manifest.entry(new_version).blob, 0  # type: ignore[union-attr]
 
@@ -661,7 +664,7 @@ class StateStore:
                 adopted = None if columns is None else self._identical(manifest, version, columns)
                 if adopted is None:
                     raise
-                self._manifest = manifest
+                self._manifest = self._raise_fence(manifest, order)
                 return adopted
             if decision.action == "done":
                 self._manifest = manifest
@@ -674,6 +677,25 @@ class StateStore:
                 continue
             self._manifest = new
             return None
+
+    def _raise_fence(self, manifest: StoreManifest, order: Order) -> StoreManifest:
+        """After adopting another attempt's identical content: raise the store's fence to
+        ``order`` if it is lower (one more manifest), so that an older attempt (a zombie of
+        the run this one replaces) cannot append to versions this run has taken over, which
+        would leave them final to it. Returns the manifest that holds the fence.
+
+        Raises:
+            StorageError: the manifest write failed (the commit may be retried).
+        """
+        while order > manifest.fence:
+            new = fenced(manifest, order)
+            try:
+                write_manifest(self._blobs, new)
+            except CommitConflictError:
+                manifest = self._newest_manifest()
+                continue
+            return new
+        return manifest
 
     def _newest_manifest(self) -> StoreManifest:
         found = read_newest_manifest(
