@@ -134,7 +134,11 @@ def allowed_commit_outcomes(
         return frozenset({"conflict"})  # a zombie, a stale parent, or a final version
     for rival in rivals:
         if rival.landed and not may_replace(attempt, rival):
-            return frozenset({"conflict"})  # another attempt committed it first
+            # Another attempt committed it first, unless the read that showed its content
+            # may have shown a twin's: identical content this attempt may replace.
+            twins = [r for r in rivals if r is not rival and r.landed and r.state == rival.state]
+            if not any(may_replace(attempt, twin) for twin in twins):
+                return frozenset({"conflict"})
     if (
         all(may_replace(attempt, rival) for rival in rivals)
         and parent == "yes"
