@@ -16,11 +16,13 @@ from statekeeper.gc import collect_garbage
 from statekeeper.keyed._layout import (
     DATA,
     GROUPED_TIMER_INDEX,
+    INDEX_FLOOR,
     META_KEY,
     TIMER,
     U64,
     OperatorRecord,
     StateDecl,
+    floor_key,
     group_prefix,
     key_group_range,
     state_prefix,
@@ -94,6 +96,9 @@ def build_root(
                             everything.update(entries)
                     store.put(META_KEY, RECORD.to_bytes())
                     store.put(EVENT_TIME_KEY, U64.pack(123) + U64.pack(100))
+                    # Index floors, trusted at this version: a new store must not keep them.
+                    for index in (GROUPED_TIMER_INDEX, ttl_prefix("count", grouped=True)):
+                        store.put(floor_key(index), U64.pack(5_000) + U64.pack(store.version + 1))
                     store.commit()
                     if b == 1:
                         backend.snapshot(OP, p)
@@ -113,14 +118,23 @@ def state_of(
         return out
 
 
-def check_layout(state: dict[int, dict[bytes, bytes]], everything: dict[bytes, bytes]) -> None:
-    """Each store holds exactly the entries of its key groups, plus the per-store ones."""
+def check_layout(
+    state: dict[int, dict[bytes, bytes]], everything: dict[bytes, bytes], *, built: int = 0
+) -> None:
+    """Each store holds exactly the entries of its key groups, plus the per-store ones; the
+    index floors ``build_root`` wrote are gone, unless the operator still has the ``built``
+    partitions it was built with (no repartition ran)."""
     count = len(state)
     union: dict[bytes, bytes] = {}
     for q, items in state.items():
         owned = key_group_range(q, count, G)
         assert items.pop(META_KEY) == RECORD.to_bytes()
         assert items.pop(EVENT_TIME_KEY) == U64.pack(123) + U64.pack(100)
+        # A repartition drops the floors: each index now also holds other stores' entries.
+        floors = [k for k in items if k.startswith(b"\xff" + INDEX_FLOOR)]
+        assert len(floors) == (2 if count == built else 0), (q, floors)
+        for k in floors:
+            del items[k]
         strays = [k for k in items if group_of(k) not in owned]
         assert not strays, f"store {q} of {count} holds keys of other key groups: {strays[:3]}"
         union.update(items)

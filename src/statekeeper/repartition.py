@@ -56,6 +56,7 @@ from statekeeper.keyed import (
     EVENT_TIME,
     GROUPED_TIMER_INDEX,
     GROUPED_TTL_INDEX,
+    INDEX_FLOOR,
     KEY_GROUP,
     META_KEY,
     U64,
@@ -79,6 +80,7 @@ __all__ = ["Progress", "RepartitionReport", "plan_parents", "repartition"]
 Progress = Callable[[str, int, int], None]
 """Called with (phase, done, total): ``"restore"`` counts old stores, ``"build"`` new ones."""
 _EVENT_TIME_KEY = b"\xff" + EVENT_TIME
+_FLOORS = b"\xff" + INDEX_FLOOR
 
 
 @dataclass(frozen=True)
@@ -370,10 +372,12 @@ def _check_parent(parent: ParentCopy, operator: str, groups: int) -> None:
             "layer, and a repartition by key-group ranges would drop it"
         )
     for key, _ in parent.scan(b"\xff"):
-        if not key.startswith((GROUPED_TTL_INDEX, GROUPED_TIMER_INDEX)) and key != _EVENT_TIME_KEY:
+        known = key.startswith((GROUPED_TTL_INDEX, GROUPED_TIMER_INDEX, _FLOORS))
+        if not known and key != _EVENT_TIME_KEY:
             raise _refuse(
                 f"{where} holds key {key[:40]!r} under 0xFF, which is neither a TTL or timer "
-                "index entry nor maxEventTimeMs: a repartition would not know its key group"
+                "index entry, an index floor nor maxEventTimeMs: a repartition would not "
+                "know its key group"
             )
 
 
@@ -414,11 +418,13 @@ def _index_entries(
 
 def _drop_outside(db: rocksdict.Rdict, owned: range, record: OperatorRecord | None) -> None:
     """Delete the key groups outside ``owned`` (range tombstones) and the index entries of
-    their keys; the operator record, which sorts among the key groups, is written back."""
+    their keys; the operator record, which sorts among the key groups, is written back.
+    The index floors go too: the new store's indexes also get other stores' entries."""
     batch = rocksdict.WriteBatch(raw_mode=True)
     if owned.start > 0:
         batch.delete_range(group_prefix(0), group_prefix(owned.start))
     batch.delete_range(group_prefix(owned.stop), b"\xff")
+    batch.delete_range(_FLOORS, _FLOORS[:-1] + bytes([_FLOORS[-1] + 1]))
     raw = db.get(META_KEY)
     if raw is not None:
         batch.put(META_KEY, bytes(raw))

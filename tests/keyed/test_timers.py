@@ -203,3 +203,135 @@ def test_due_reads_the_index_in_expiry_order_up_to_the_clock(tmp_path: Path, gro
         assert timers.due(2**64 - 1) == [*expected, (40, group(3), a)]
         # without key groups a key's timers are all of its timers
         assert timers.of_key(group(3), a) == ([40] if grouped else [20, 40])
+
+
+class Scripted(StatefulProcessor):
+    """Each input row registers or deletes one timer of its key; a fired timer is emitted,
+    and one whose expiry is a multiple of 3 registers a timer 2 ms before it (in the past),
+    which must fire in a later batch. With ``boom`` the third fired timer raises."""
+
+    rows = "row"
+    boom = False
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.fired = 0
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        for row in rows:
+            if row.op == "reg":
+                self.handle.register_timer(row.at)
+            else:
+                self.handle.delete_timer(row.at)
+        yield from ()
+
+    def handle_expired_timer(
+        self, key: tuple[Any, ...], timer_values: TimerValues, expired_timer_info: ExpiredTimerInfo
+    ) -> Iterator[Any]:
+        expiry = expired_timer_info.get_expiry_time_in_ms()
+        self.fired += 1
+        if self.boom and self.fired == 3:
+            raise RuntimeError("boom")
+        if expiry % 3 == 0 and expiry >= 2:
+            self.handle.register_timer(expiry - 2)
+        yield (key[0], expiry)
+
+
+FIRED = pa.schema([("k", pa.string()), ("at", pa.int64())])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_timers_fire_as_a_model_says_through_floors_restarts_and_failed_batches(
+    tmp_path: Path, seed: int
+) -> None:
+    """The timer index's floor (the scan starts past what fired) never hides a timer: timers
+    registered in the past, by input or by a firing handler, a clock that goes back, a
+    failed batch (aborted, then run again) and a reopened store, checked batch by batch
+    against a model of the runner's rules."""
+    import random
+
+    rnd = random.Random(seed)
+    model: set[tuple[str, int]] = set()
+    clock = 1_000
+
+    processor = Scripted()  # the tester runs a copy of it in each batch
+
+    def tester() -> ProcessorTester:
+        return ProcessorTester(
+            processor, keys="k", output_schema=FIRED, time_mode="processing_time",
+            directory=tmp_path,
+        )  # fmt: skip
+
+    t = tester()
+    try:
+        for _ in range(40):
+            clock = max(0, clock + rnd.choice([-40, 5, 20, 20, 35, 60]))
+            rows = []
+            for k in rnd.sample([f"k{i}" for i in range(12)], rnd.randint(0, 8)):
+                mine = sorted(at for key, at in model if key == k)
+                if mine and rnd.random() < 0.3:
+                    rows.append({"k": k, "op": "del", "at": rnd.choice(mine)})
+                else:
+                    rows.append({"k": k, "op": "reg", "at": max(0, clock + rnd.randint(-30, 90))})
+            # The model: input first, then every timer at or before the clock, in order of
+            # expiry then key; each handler's new timer waits for a later batch.
+            for row in rows:
+                (model.add if row["op"] == "reg" else model.discard)((row["k"], row["at"]))
+            due = sorted((at, k) for k, at in model if at <= clock)
+            added = {(k, at - 2) for at, k in due if at % 3 == 0 and at >= 2}
+            model -= {(k, at) for at, k in due}
+            model |= added
+            if rnd.random() < 0.15:
+                t.close()
+                t = tester()  # a new process: the floor is read back from the store
+            t.processing_time_ms = clock
+            if len(due) >= 3 and rnd.random() < 0.3:
+                processor.boom = True
+                with pytest.raises(RuntimeError, match="boom"):
+                    t.run(rows)
+                processor.boom = False
+            got = t.run(rows)
+            assert sorted((r["at"], r["k"]) for r in got) == due, (seed, clock)
+            assert sorted(t.timers()) == sorted(((k,), at) for k, at in model), (seed, clock)
+    finally:
+        t.close()
+
+
+def test_the_index_floor_is_trusted_only_in_the_version_whose_commit_wrote_it(
+    tmp_path: Path,
+) -> None:
+    """``due`` seeks to the floor (an entry below it is not even read), and only while the
+    floor was kept by the last commit: a commit by a writer that does not keep it (an
+    earlier release) sends the scan back to the head of the index."""
+    from statekeeper import StateBackend, StoreConfig
+    from statekeeper.keyed import encode_key, group_prefix
+    from statekeeper.keyed._layout import GROUPED_TIMER_INDEX, U64
+    from statekeeper.keyed._timers import Timers
+
+    a, b, c = (encode_key((k,)) for k in ("a", "b", "c"))
+    g = group_prefix(1)
+    config = StoreConfig(local_dir=str(tmp_path / "local"))
+    with (
+        StateBackend(str(tmp_path / "root"), config=config) as backend,
+        backend.open("t", 0, partitions=1) as store,
+    ):
+        batch = Timers(store, grouped=True)
+        for key, at in [(a, 10), (b, 20), (c, 30)]:
+            batch.register(g, key, at)
+        store.commit()
+        batch = Timers(store, grouped=True)
+        due = batch.due(20)
+        batch.firing(20, due)
+        for expiry, group, key in due:
+            batch.delete(group, key, expiry)
+        store.commit()
+        # A batch that keeps the floor (21), and an index entry written around it.
+        batch = Timers(store, grouped=True)
+        batch.firing(20, batch.due(20))
+        store.put(GROUPED_TIMER_INDEX + U64.pack(15) + g + a, b"")
+        store.commit()
+        assert Timers(store, grouped=True).due(30) == [(30, g, c)]  # 15 lies below the floor
+        # A commit that does not keep the floor: it is no longer trusted.
+        store.put(GROUPED_TIMER_INDEX + U64.pack(16) + g + b, b"")
+        store.commit()
+        assert Timers(store, grouped=True).due(30) == [(15, g, a), (16, g, b), (30, g, c)]

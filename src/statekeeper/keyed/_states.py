@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from statekeeper.keyed._floor import IndexFloor
 from statekeeper.keyed._layout import (
     LIST_ITEM,
     LIST_META,
@@ -76,6 +77,7 @@ class _State:
         self.codec = codec
         self._prefix = state_prefix(name)
         self._ttl_prefix = ttl_prefix(name, grouped=handle.key_groups is not None)
+        self._ttl_floor = IndexFloor(self._store, self._ttl_prefix)
         # Bound once: a read or write costs no attribute lookups on the codec.
         self._encode = codec.encode
         self._decode = codec.decode
@@ -110,6 +112,7 @@ class _State:
         self._drop_index(data_key)
         expiry = self._handle.ttl_stamp_ms(self.ttl_on) + self.ttl_ms
         self._store.put(self._ttl_prefix + U64.pack(expiry) + data_key, b"")
+        self._ttl_floor.lower(expiry)
         self._handle._put(data_key, wrap(payload, expiry))
 
     def _delete(self, data_key: bytes) -> None:
@@ -132,14 +135,15 @@ class _State:
 
     def expire(self, now_ms: int) -> int:
         """Delete entries of this state whose expiry is at or before ``now_ms`` (on the
-        state's TTL clock)."""
+        state's TTL clock); the index is read from its floor (``_floor``)."""
         expired: list[tuple[bytes, int, bytes]] = []
         start = len(self._ttl_prefix)
-        for index_key, _ in self._store.scan(self._ttl_prefix):
+        for index_key, _ in self._store.scan(self._ttl_prefix, start=self._ttl_floor.start()):
             expiry = U64.unpack_from(index_key, start)[0]
             if expiry > now_ms:
                 break  # the index is sorted by expiry
             expired.append((index_key, expiry, index_key[start + U64.size :]))
+        self._ttl_floor.passed(now_ms, found=bool(expired))  # each one is deleted below
         deleted = 0
         for index_key, expiry, data_key in expired:
             self._store.delete(index_key)

@@ -3,7 +3,8 @@
 A timer is state: two entries (see ``_layout``), the key's (``<kg> 0x03 <key> <expiry>``)
 and the index's (``0xFF 0x04 <expiry> <kg> <key>``), always written and deleted together in
 the same micro-batch, so they commit, restore and re-run with the rest of the state. Due
-timers are found by one scan of the index that stops at the first timer not yet due.
+timers are found by one scan of the index that starts at its floor (``_floor``: past the
+timers fired earlier) and stops at the first timer not yet due.
 
 **Time modes** (after Spark's ``transformWithState``): ``None`` (no timers), and
 ``"processing_time"``, where a timer fires in the first micro-batch whose timestamp is at or
@@ -37,6 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from statekeeper.keyed._floor import IndexFloor
 from statekeeper.keyed._layout import (
     EVENT_TIME,
     GROUPED_TIMER_INDEX,
@@ -160,15 +162,18 @@ class Timers:
     """The timer entries of one store: per key, and the index ordered by expiry."""
 
     def __init__(self, store: StateStore, *, grouped: bool) -> None:
-        """Timers of ``store``, laid out with key groups if ``grouped``."""
+        """Timers of ``store``, laid out with key groups if ``grouped``. One instance per
+        micro-batch writes them all (it keeps the index's floor)."""
         self._store = store
         self._index = GROUPED_TIMER_INDEX if grouped else TIMER_INDEX
+        self._floor = IndexFloor(store, self._index)
 
     def register(self, group: bytes, key: bytes, expiry_ms: int) -> None:
         """Add the timer (idempotent): ``group`` is the key-group prefix, ``key`` encoded."""
         at = U64.pack(expiry_ms)
         self._store.put(group + TIMER + key + at, b"")
         self._store.put(self._index + at + group + key, b"")
+        self._floor.lower(expiry_ms)
 
     def delete(self, group: bytes, key: bytes, expiry_ms: int) -> None:
         """Remove the timer (nothing if absent)."""
@@ -183,18 +188,25 @@ class Timers:
 
     def due(self, upto_ms: int) -> list[tuple[int, bytes, bytes]]:
         """Every timer at or before ``upto_ms`` as (expiry, group prefix, key), in order of
-        expiry then key; reads the index only up to the first timer not due."""
+        expiry then key; reads the index from its floor, and only up to the first timer
+        not due."""
         found: list[tuple[int, bytes, bytes]] = []
         at = len(self._index)
         group_at = at + U64.size
         key_at = group_at + (KEY_GROUP.size if len(self._index) > 1 else 0)
         unpack = U64.unpack_from
-        for index_key, _ in self._store.scan(self._index):
+        for index_key, _ in self._store.scan(self._index, start=self._floor.start()):
             expiry = unpack(index_key, at)[0]
             if expiry > upto_ms:
                 break
             found.append((expiry, index_key[group_at:key_at], index_key[key_at:]))
         return found
+
+    def firing(self, upto_ms: int, due: list[tuple[int, bytes, bytes]]) -> None:
+        """The timers ``due`` that :meth:`due` found for ``upto_ms`` are all deleted in this
+        micro-batch: the next scan starts after them (timers registered later lower its
+        start again)."""
+        self._floor.passed(upto_ms, found=bool(due))
 
 
 def _event_time_key(grouped: bool) -> bytes:

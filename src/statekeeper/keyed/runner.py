@@ -29,7 +29,6 @@ from statekeeper.keyed._handles import StatefulProcessorHandle
 from statekeeper.keyed._processor import StatefulProcessor, input_form
 from statekeeper.keyed._timers import (
     ExpiredTimerInfo,
-    Timers,
     TimerValues,
     read_event_clock,
     validate_time_mode,
@@ -185,8 +184,10 @@ def _fire_timers(
     upto = values.watermark_ms if time.time_mode == "event_time" else values.processing_time_ms
     if time.time_mode is None or upto < 0:
         return
-    timers = Timers(handle._store, grouped=handle.key_groups is not None)
-    for expiry, group, key_bytes in timers.due(upto):
+    timers = handle._timers  # the batch's one writer of timers: it keeps the index's floor
+    due = timers.due(upto)
+    timers.firing(upto, due)
+    for expiry, group, key_bytes in due:
         key = decode_key(key_bytes, arity)[0]
         handle.bind_timer_key(key, key_bytes, group)
         yield from writer.extend(

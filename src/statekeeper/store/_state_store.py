@@ -216,22 +216,32 @@ class StateStore:
         found = dict(zip(missing, values, strict=True))
         return [pending[k] if k in pending else found[k] for k in keys]
 
-    def scan(self, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
-        """Items whose key starts with ``prefix``, sorted by key, seeing own writes.
+    def scan(
+        self, prefix: bytes = b"", *, start: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Items whose key starts with ``prefix`` (and, with ``start``, is at or above it),
+        sorted by key, seeing own writes. A scan with ``start`` seeks there: keys before it,
+        live or deleted, cost nothing.
 
         Writes made while iterating may or may not be seen; do not commit while iterating.
 
         Raises:
-            TypeError: ``prefix`` is not bytes.
+            TypeError: ``prefix`` or ``start`` is not bytes.
             StateKeeperError: the store is closed or failed.
         """
         self._check_open()
-        if not isinstance(prefix, bytes | bytearray | memoryview):
-            raise TypeError(f"prefix must be bytes, got {type(prefix).__name__}")
+        for name, arg in (("prefix", prefix), ("start", start)):
+            if arg is not None and not isinstance(arg, bytes | bytearray | memoryview):
+                raise TypeError(f"{name} must be bytes, got {type(arg).__name__}")
         prefix = bytes(prefix)
+        start = None if start is None else bytes(start)
         self._settle()
-        overlay = sorted((k, v) for k, v in self._pending.items() if k.startswith(prefix))
-        return _merge(self._scan_committed(prefix), overlay)
+        overlay = sorted(
+            (k, v)
+            for k, v in self._pending.items()
+            if k.startswith(prefix) and (start is None or k >= start)
+        )
+        return _merge(self._scan_committed(prefix, start), overlay)
 
     def _read(self, read: Callable[[WorkingCopy], _T]) -> _T:
         """``read`` from the working copy; a damaged copy is rebuilt once, then read again."""
@@ -242,14 +252,16 @@ class StateStore:
             self._replace_damaged_copy(exc)
         return read(self._copy)
 
-    def _scan_committed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def _scan_committed(
+        self, prefix: bytes, start: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
         """The working copy's items under ``prefix``; a scan that meets damage goes on
         after the last key it returned, in the rebuilt copy."""
         after: bytes | None = None
         rebuilt = False
         while True:
             try:
-                for key, value in self._copy.scan(prefix, after=after):
+                for key, value in self._copy.scan(prefix, after=after, start=start):
                     after = key
                     yield key, value
                 return

@@ -134,16 +134,18 @@ def _read_range(
 
 
 def _scan(
-    db: rocksdict.Rdict, prefix: bytes, after: bytes | None = None
+    db: rocksdict.Rdict, prefix: bytes, after: bytes | None = None, start: bytes | None = None
 ) -> Iterator[tuple[bytes, bytes]]:
-    """The items of ``db`` whose key starts with ``prefix`` (and is above ``after``), in
-    key order, read in chunks of :data:`_SCAN_CHUNK` (:func:`_read_range`).
+    """The items of ``db`` whose key starts with ``prefix`` (and is above ``after``, and at
+    or above ``start``), in key order, read in chunks of :data:`_SCAN_CHUNK`
+    (:func:`_read_range`).
 
     Raises:
         RuntimeError, Exception: as :func:`_read_range`.
     """
     upper = _prefix_end(prefix)
-    start, skip = (prefix, None) if after is None or after < prefix else (after, after)
+    first = prefix if start is None or start < prefix else start
+    start, skip = (first, None) if after is None or after < first else (after, after)
     while True:
         chunk = _read_range(db, start, upper, _SCAN_CHUNK + (skip is not None))
         full = len(chunk) == _SCAN_CHUNK + (skip is not None)
@@ -512,9 +514,11 @@ class WorkingCopy:
         rest = iter(self._gets([k for k in keys if k > last]))
         return [found.get(k) if k <= last else next(rest) for k in keys]
 
-    def scan(self, prefix: bytes, *, after: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        """Committed items whose key starts with ``prefix`` (and is above ``after``, if
-        given), sorted by key.
+    def scan(
+        self, prefix: bytes, *, after: bytes | None = None, start: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Committed items whose key starts with ``prefix`` (and is above ``after`` and at or
+        above ``start``, if given), sorted by key.
 
         Reads in chunks of :func:`_read_range`, so no RocksDB iterator outlives a chunk (an
         abandoned generator must not keep the database open).
@@ -524,7 +528,7 @@ class WorkingCopy:
         """
         self.wait()
         try:
-            for item in _scan(self._db, prefix, after):
+            for item in _scan(self._db, prefix, after, start):
                 if item[0] != LABEL_KEY:
                     yield item
         except Exception as exc:  # rocksdict raises a bare Exception for every failure
