@@ -73,6 +73,12 @@ def test_scan_merges_uncommitted_writes_in_key_order(backend: sk.StateBackend) -
         everything = list(store.scan())
         assert len(everything) == 3000 - 1 + 3
         assert [k for k, _ in everything] == sorted(k for k, _ in everything)
+        # From a start key: committed and uncommitted items at or above it, deletes hidden.
+        for start in [b"p/00001", b"p/00002", b"p/02999", b"p/5", b"a", b"z"]:
+            expected = [(k, v) for k, v in items if k >= start]
+            assert list(store.scan(b"p/", start=start)) == expected, start
+        with pytest.raises(TypeError, match="start must be bytes"):
+            store.scan(b"p/", start="p/1")  # type: ignore[arg-type]
 
 
 def test_abort_drops_uncommitted_writes(backend: sk.StateBackend) -> None:

@@ -3,6 +3,7 @@ its removal, on a real RocksDB."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -212,21 +213,27 @@ def test_multi_get_answers_as_gets_do_whichever_way_it_reads(
 def test_scan_returns_exactly_the_items_under_a_prefix_after_a_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
 ) -> None:
-    """Prefixes that end in 0xFF or are all 0xFF, ``after`` keys inside, before and past
-    the prefix's range, and chunk edges anywhere: the items are those of a filter over
-    every item."""
+    """Prefixes that end in 0xFF or are all 0xFF, ``after`` and ``start`` keys inside,
+    before and past the prefix's range, and chunk edges anywhere: the items are those of a
+    filter over every item."""
     monkeypatch.setattr(_working_copy, "_SCAN_CHUNK", chunk)
     copy = _copy(tmp_path)
     keys = [b"a", b"a\x00", b"a\xff", b"a\xff\x00", b"a\xff\xff", b"b", b"\xff", b"\xff\xff\x01"]
     keys += [b"k%03d" % i for i in range(40)]
     copy.apply([(k, k * 2) for k in keys], version=1, root_id=ROOT, attempt="A1")
     every = sorted((k, k * 2) for k in keys)
+    bounds = [None, b"", b"a\xff", b"k010", b"k039", b"zz"]
     for prefix in [b"", b"a", b"a\xff", b"\xff", b"\xff\xff", b"k0", b"z"]:
-        for after in [None, b"", b"a\xff", b"k010", b"k039", b"zz"]:
+        for after, start in itertools.product(bounds, bounds):
             expected = [
-                (k, v) for k, v in every if k.startswith(prefix) and (after is None or k > after)
+                (k, v)
+                for k, v in every
+                if k.startswith(prefix)
+                and (after is None or k > after)
+                and (start is None or k >= start)
             ]
-            assert list(copy.scan(prefix, after=after)) == expected, (prefix, after)
+            got = list(copy.scan(prefix, after=after, start=start))
+            assert got == expected, (prefix, after, start)
     copy.close()
 
 
