@@ -335,3 +335,11 @@ def test_the_index_floor_is_trusted_only_in_the_version_whose_commit_wrote_it(
         store.put(GROUPED_TIMER_INDEX + U64.pack(16) + g + b, b"")
         store.commit()
         assert Timers(store, grouped=True).due(30) == [(15, g, a), (16, g, b), (30, g, c)]
+        # The next batch that reads the index writes the floor anew (its scan began at the
+        # head), though nothing fired: an entry put below it in that commit is not read.
+        batch = Timers(store, grouped=True)
+        assert batch.due(14) == []
+        batch.firing(14, [])
+        store.put(GROUPED_TIMER_INDEX + U64.pack(12) + g + c, b"")
+        store.commit()
+        assert Timers(store, grouped=True).due(30) == [(15, g, a), (16, g, b), (30, g, c)]

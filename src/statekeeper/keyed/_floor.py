@@ -27,7 +27,7 @@ class IndexFloor:
     deleted in this batch.
     """
 
-    __slots__ = ("_index", "_key", "_known", "_known_at", "_store")
+    __slots__ = ("_index", "_key", "_known", "_known_at", "_store", "_stored")
 
     def __init__(self, store: StateStore, index: bytes) -> None:
         """The floor of the index whose entries start with ``index`` in ``store``."""
@@ -39,6 +39,8 @@ class IndexFloor:
         never below the store's (an abort only takes writes away), so a write below the
         store's floor is always seen by :meth:`lower`."""
         self._known_at: int | None = None
+        self._stored = False
+        """Whether the store held a floor, trusted or not, at the last :meth:`read`."""
 
     def read(self) -> int:
         """The floor the store holds now (0: none, or not trusted)."""
@@ -52,6 +54,7 @@ class IndexFloor:
             if written_in in (self._store.version, self._store.version + 1):
                 floor = value
         self._known, self._known_at = floor, self._store.version
+        self._stored = raw is not None
         return floor
 
     def start(self) -> bytes | None:
@@ -69,11 +72,12 @@ class IndexFloor:
         """Every entry at or before ``upto_ms`` was found (``found``: there were some), and
         is deleted in this batch; entries written after this call go through :meth:`lower`.
 
-        Once entries were deleted the floor is written in every batch that reads the index,
-        so that it stays trusted; an index nothing was ever deleted from has no floor (its
-        head holds no tombstones)."""
+        Once an index has a floor it is written in every batch that reads the index, so that
+        it stays trusted (one that is not trusted any more is written anew: the scan that
+        found the entries started at the head). An index from which nothing ever fired or
+        expired has no floor: no tombstones of such deletes lie at its head."""
         floor = self.read()
-        if found or floor:
+        if found or self._stored:
             self._write(max(floor, min(upto_ms + 1, _TOP)))
 
     def _write(self, floor: int) -> None:
