@@ -173,6 +173,27 @@ def test_foreign_write_after_a_failure_is_a_conflict(local: LocalBlobStore) -> N
     assert local.get("c/k") == b"theirs"
 
 
+def test_own_landed_write_deleted_before_the_read_back_is_an_unknown_outcome(
+    local: LocalBlobStore,
+) -> None:
+    """The first attempt lands and "times out", the retry is refused, and garbage collection
+    deletes the blob before it is read back (found by the simulation, gc_vs_snapshots seed
+    88200300: a snapshot index of a version no longer retained). Whose blob it was cannot be
+    known: a StorageError (the outcome is unknown), not a conflict, and no new attempt
+    (it would bring back the blob that was deleted)."""
+    flaky = FlakyStore(local, 1, land_first=True)
+
+    def read_back_after_gc() -> bytes:
+        local.delete_many(["c/k"])
+        return local.get("c/k")
+
+    with pytest.raises(StorageError, match="outcome unknown") as raised:
+        put_with_retry(TINY, lambda: flaky.put("c/k", b"mine"), read_back_after_gc, b"mine", "put")
+    assert not isinstance(raised.value, CommitConflictError | TransientStorageError)
+    assert flaky.calls == 2  # no third attempt
+    assert local.list("c/") == []
+
+
 def test_first_attempt_conflict_is_never_masked(local: LocalBlobStore) -> None:
     local.put("c/k", b"same bytes")  # another writer got there first, with equal bytes
     with pytest.raises(CommitConflictError):

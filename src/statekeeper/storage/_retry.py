@@ -30,7 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from statekeeper.errors import CommitConflictError, StateNotFoundError, TransientStorageError
+from statekeeper.errors import (
+    CommitConflictError,
+    StateNotFoundError,
+    StorageError,
+    TransientStorageError,
+)
 
 __all__ = ["RetryPolicy", "call_with_retry", "put_with_retry"]
 
@@ -158,7 +163,11 @@ def put_with_retry(
     the blob but the reply was lost). The next attempt then finds the blob there and would
     report a conflict for our own write. So a conflict seen on a *retry* is checked: if the
     stored bytes equal ``data`` the write is taken as done. On a first attempt a conflict is
-    always reported: someone else wrote first.
+    always reported: someone else wrote first. If the blob is gone by the time it is read
+    back (deleted in between, by garbage collection say), whose it was cannot be known: the
+    write's outcome is unknown, a :class:`StorageError`, as when retries run out; neither a
+    conflict (it may have been ours) nor another attempt (it would bring back a blob that
+    was deleted on purpose).
 
     Args:
         policy: attempts and delays.
@@ -172,7 +181,8 @@ def put_with_retry(
         CommitConflictError: the key holds other bytes (or, for ``if_match``, a newer
             version).
         TransientStorageError: retries exhausted.
-        StorageError: any other failure of ``write``.
+        StorageError: the outcome is unknown (the blob a retry found was deleted before it
+            was read back), or any other failure of ``write``.
     """
     attempts = 0
 
@@ -182,16 +192,18 @@ def put_with_retry(
         try:
             write()
         except CommitConflictError:
-            if attempts > 1 and _holds(read_back, data):
-                _log.info("%s: an earlier attempt had landed; treating it as done", describe)
-                return
-            raise
+            if attempts == 1:
+                raise
+            try:
+                stored = read_back()
+            except StateNotFoundError as exc:
+                raise StorageError(
+                    f"{describe}: outcome unknown: an attempt failed with a transient error "
+                    "and may have landed; the next one found the blob there, and it was "
+                    "deleted before it could be read back"
+                ) from exc
+            if stored != data:
+                raise
+            _log.info("%s: an earlier attempt had landed; treating it as done", describe)
 
     call_with_retry(policy, attempt, describe, sleep=sleep)
-
-
-def _holds(read_back: Callable[[], bytes], data: bytes) -> bool:
-    try:
-        return read_back() == data
-    except StateNotFoundError:
-        return False
