@@ -424,7 +424,8 @@ def _drop_outside(db: rocksdict.Rdict, owned: range, record: OperatorRecord | No
     if owned.start > 0:
         batch.delete_range(group_prefix(0), group_prefix(owned.start))
     batch.delete_range(group_prefix(owned.stop), b"\xff")
-    batch.delete_range(_FLOORS, _FLOORS[:-1] + bytes([_FLOORS[-1] + 1]))
+    for key, _ in checked_items(db, _FLOORS):
+        batch.delete(key)
     raw = db.get(META_KEY)
     if raw is not None:
         batch.put(META_KEY, bytes(raw))

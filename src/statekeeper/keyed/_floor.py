@@ -27,7 +27,7 @@ class IndexFloor:
     deleted in this batch.
     """
 
-    __slots__ = ("_index", "_key", "_known", "_known_at", "_store", "_stored")
+    __slots__ = ("_index", "_key", "_known", "_known_at", "_store")
 
     def __init__(self, store: StateStore, index: bytes) -> None:
         """The floor of the index whose entries start with ``index`` in ``store``."""
@@ -39,11 +39,14 @@ class IndexFloor:
         never below the store's (an abort only takes writes away), so a write below the
         store's floor is always seen by :meth:`lower`."""
         self._known_at: int | None = None
-        self._stored = False
-        """Whether the store held a floor, trusted or not, at the last :meth:`read`."""
 
     def read(self) -> int:
         """The floor the store holds now (0: none, or not trusted)."""
+        return self._load()[0]
+
+    def _load(self) -> tuple[int, bool]:
+        """The floor the store holds now (0: none, or not trusted), and whether it holds
+        one at all, trusted or not."""
         raw = self._store.get(self._key)
         floor = 0
         if raw is not None and len(raw) == _VALUE.size:
@@ -54,8 +57,7 @@ class IndexFloor:
             if written_in in (self._store.version, self._store.version + 1):
                 floor = value
         self._known, self._known_at = floor, self._store.version
-        self._stored = raw is not None
-        return floor
+        return floor, raw is not None
 
     def start(self) -> bytes | None:
         """Where a scan of the index should start (``None``: at its head)."""
@@ -76,8 +78,8 @@ class IndexFloor:
         it stays trusted (one that is not trusted any more is written anew: the scan that
         found the entries started at the head). An index from which nothing ever fired or
         expired has no floor: no tombstones of such deletes lie at its head."""
-        floor = self.read()
-        if found or self._stored:
+        floor, stored = self._load()
+        if found or stored:
             self._write(max(floor, min(upto_ms + 1, _TOP)))
 
     def _write(self, floor: int) -> None:
