@@ -139,6 +139,68 @@ def test_an_idle_store_is_handed_over_but_a_busy_one_is_not(spec: StoreSpec) -> 
         second.close_all()
 
 
+def test_a_store_is_handed_over_without_waiting_for_another_stores_snapshot_upload(
+    tmp_path: Path,
+) -> None:
+    """A worker holds stores 0 and 1; store 0's background snapshot upload hangs. Another
+    worker asks for store 0 (its handover must wait for that upload, whose checkpoint lies
+    beside the copy), then for store 1: store 1 is handed over at once, not after store 0's
+    upload, and store 0 once the upload ends."""
+    import threading
+
+    config = StoreConfig(local_dir=str(tmp_path / "local"), snapshot_every=1)
+    spec = StoreSpec(str(tmp_path / "root"), "op", 2, config, (), lock_timeout_s=30.0)
+    first, second = StoreCache(), StoreCache()
+    gate, uploading = threading.Event(), threading.Event()
+    snapshotter = first.backend(spec)._snapshotter
+    after = snapshotter.after_upload
+
+    def hang_store_0(operator: str, partition: int) -> None:
+        if partition == 0:
+            uploading.set()
+            gate.wait(60)
+        if after is not None:
+            after(operator, partition)
+
+    snapshotter.after_upload = hang_store_0
+    got: dict[int, tuple[float, bytes | None]] = {}
+
+    def take(partition: int, timeout_s: float) -> None:
+        started = time.monotonic()
+        lease = second.acquire(dataclass_replace(spec, lock_timeout_s=timeout_s), partition, 1)
+        got[partition] = (time.monotonic() - started, lease.store.get(b"k"))
+        second.release(lease, ok=True)
+
+    try:
+        for partition in (1, 0):  # store 1's snapshot is done before store 0's starts
+            lease = first.acquire(spec, partition, 0)
+            lease.store.put(b"k", b"v%d" % partition)
+            lease.store.commit()
+            first.release(lease, ok=True)
+            if partition == 1:
+                first.backend(spec).wait_for_snapshots("op", 1)
+        assert uploading.wait(30)
+        taker = threading.Thread(target=take, args=(0, 30.0))
+        taker.start()
+        deadline = time.monotonic() + 10
+        while len(first.open_keys()) == 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # store 0 is being handed over: waiting for its upload
+        take(1, 5.0)
+        assert got[1][1] == b"v1"
+        assert got[1][0] < 3
+        assert 0 not in got  # store 0 still waits for its own upload
+        gate.set()
+        taker.join(30)
+        assert got[0][1] == b"v0"
+        assert first.open_keys() == []
+    finally:
+        gate.set()
+        first.close_all()
+        second.close_all()
+        first.backend(spec).close()
+        second.backend(spec).close()
+
+
 def dataclass_replace(spec: StoreSpec, **changes: float) -> StoreSpec:
     import dataclasses
 

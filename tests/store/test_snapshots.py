@@ -95,6 +95,45 @@ def test_commit_path_does_not_wait_for_a_snapshot_upload(tmp_path: Path) -> None
         backend.close()
 
 
+def test_waiting_for_one_stores_snapshots_does_not_wait_for_another_stores(
+    tmp_path: Path,
+) -> None:
+    blobs = GatedBlobStore(LocalBlobStore(str(tmp_path / "root")))
+    backend = sk.StateBackend(blobs, config=_config(tmp_path, "a", snapshot_every=1))
+    try:
+        with backend.open("op", 1) as other:
+            _fill(other, 0, 10)
+            other.commit()  # its snapshot is held at the gate too: let it through
+            assert blobs.file_put_started.wait(timeout=60)
+            blobs.gate.set()
+            backend.wait_for_snapshots("op", 1)
+            blobs.gate.clear()
+            blobs.file_put_started.clear()
+            with backend.open("op", 0) as store:
+                _fill(store, 0, 10)
+                assert store.commit().snapshot_scheduled
+                assert blobs.file_put_started.wait(timeout=60)  # op/0's upload is held
+                waited = threading.Thread(target=backend.wait_for_snapshots, args=("op", 1))
+                waited.start()
+                waited.join(timeout=10)
+                assert not waited.is_alive()  # op/1 has nothing in flight
+                everything = threading.Thread(target=backend.wait_for_snapshots)
+                everything.start()
+                everything.join(timeout=0.5)
+                assert everything.is_alive()  # op/0's upload still is
+                blobs.gate.set()
+                everything.join(timeout=60)
+        assert [
+            layout.parse_attempt_snapshot_key(m.key)[0]  # type: ignore[index]
+            for m in blobs.inner.list(layout.snapshot_prefix("op", 0))
+        ] == [1]
+        with pytest.raises(ValueError, match="both name and partition"):
+            backend.wait_for_snapshots("op")
+    finally:
+        blobs.gate.set()
+        backend.close()
+
+
 def test_snapshot_of_a_few_changed_keys_uploads_only_new_sst_and_mutable_files(
     tmp_path: Path,
 ) -> None:

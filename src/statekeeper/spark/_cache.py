@@ -16,7 +16,9 @@ worker the library default applies.
 An open store holds its working copy's :class:`StoreLock` for as long as it stays cached.
 A janitor thread per worker bounds what the worker holds (issue 12):
 
-* it hands idle stores over to other processes that ask for them;
+* it hands idle stores over to other processes that ask for them, each on a thread of its
+  own: closing a store waits for that store's background snapshot upload (it reads a
+  checkpoint beside the working copy), and must not hold up another store's handover;
 * it closes stores idle for longer than ``_IDLE_CLOSE_S``, and, while more stores are open
   than ``StoreConfig.max_open_stores`` (the smallest among the open stores' configs), the
   least recently used idle ones (their working copies stay on disk for the next task);
@@ -117,6 +119,8 @@ class StoreCache:
         self._roots: dict[str, float] = {}
         self._wake = threading.Event()
         self._janitor: threading.Thread | None = None
+        self._closing: list[threading.Thread] = []
+        """Threads closing stores the janitor took out of the cache."""
 
     def backend(self, spec: StoreSpec) -> StateBackend:
         """The (cached) backend of ``spec``'s root and config.
@@ -187,13 +191,17 @@ class StoreCache:
         self._wake.set()  # a request may have come in while the task ran
 
     def close_all(self) -> None:
-        """Close every idle store and release its lock (at worker exit, and in tests)."""
+        """Close every idle store and release its lock, and wait for the closes the janitor
+        started (at worker exit, and in tests)."""
         with self._mutex:
             idle = [e for e in self._entries.values() if not e.busy]
             for entry in idle:
                 del self._entries[entry.key]
+            closing, self._closing = self._closing, []
         for entry in idle:
             _shutdown(entry)
+        for thread in closing:
+            thread.join()
 
     def open_keys(self) -> list[tuple[str, str, int]]:
         """(working copy, operator, partition) of every store open in this process."""
@@ -253,10 +261,14 @@ class StoreCache:
             self._wake.wait(_JANITOR_POLL_S)
             self._wake.clear()
             for entry in self._doomed(time.monotonic()):
-                try:
-                    _shutdown(entry)
-                except (StateKeeperError, OSError):  # the janitor must survive
-                    _log.exception("could not release the store of %s", entry.path)
+                # Each on a thread of its own: a store waiting for its snapshot upload must
+                # not hold up the handover of another.
+                thread = threading.Thread(
+                    target=_shutdown_logged, args=(entry,), name="statekeeper-handover"
+                )
+                with self._mutex:
+                    self._closing = [t for t in self._closing if t.is_alive()] + [thread]
+                thread.start()
             if time.monotonic() - last_sweep >= _SWEEP_EVERY_S:
                 last_sweep = time.monotonic()
                 try:
@@ -371,18 +383,28 @@ def _open(backend: StateBackend, spec: StoreSpec, partition: int, version: int) 
 
 
 def _shutdown(entry: _Entry) -> None:
-    """Close the store, let its snapshot uploads finish, then unlock the working copy.
+    """Close the store, let its snapshot upload finish, then unlock the working copy.
 
-    Uploads run from a checkpoint folder beside the working copy; the next process to open
-    the copy deletes such folders as stale, so the lock is held until they are done.
+    An upload runs from a checkpoint folder beside the working copy; the next process to
+    open the copy deletes such folders as stale, so the lock is held until it is done. Only
+    this store's upload is waited for: the other stores' uploads (one thread per backend)
+    do not touch this copy.
     """
+    _, operator, partition = entry.key
     try:
         if entry.store is not None:
             entry.store.close()
             entry.store = None
-            entry.backend.wait_for_snapshots()
+            entry.backend.wait_for_snapshots(operator, partition)
     finally:
         entry.lock.release()
+
+
+def _shutdown_logged(entry: _Entry) -> None:
+    try:
+        _shutdown(entry)
+    except (StateKeeperError, OSError):  # the janitor must survive
+        _log.exception("could not release the store of %s", entry.path)
 
 
 CACHE = StoreCache()

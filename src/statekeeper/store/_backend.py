@@ -307,9 +307,19 @@ class StateBackend:
         except StateKeeperError as exc:
             _log.warning("background gc of %s/%s failed: %s", name, partition, exc)
 
-    def wait_for_snapshots(self) -> None:
-        """Block until every background snapshot scheduled so far has finished."""
-        self._snapshotter.wait()
+    def wait_for_snapshots(self, name: str | None = None, partition: int | None = None) -> None:
+        """Block until every background snapshot scheduled so far has finished; given
+        ``name`` and ``partition``, only that store's.
+
+        Raises:
+            ValueError: only one of ``name`` and ``partition`` is given.
+        """
+        if (name is None) != (partition is None):
+            raise ValueError(
+                "wait_for_snapshots takes both name and partition (one store) or neither "
+                f"(every store); got name={name!r}, partition={partition!r}"
+            )
+        self._snapshotter.wait(None if name is None or partition is None else (name, partition))
 
     def versions(self, name: str, partition: int) -> list[int]:
         """Every version of the store that can be opened, ascending.

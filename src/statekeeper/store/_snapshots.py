@@ -143,10 +143,11 @@ class Snapshotter:
             self._running[key] = future
         return future
 
-    def wait(self) -> None:
-        """Block until every scheduled snapshot has finished."""
+    def wait(self, store: tuple[str, int] | None = None) -> None:
+        """Block until every scheduled snapshot has finished, or only that of ``store``
+        (operator, partition)."""
         with self._pool_lock:
-            futures = list(self._running.values())
+            futures = [f for k, f in self._running.items() if store is None or k == store]
         for future in futures:
             future.exception()
 
