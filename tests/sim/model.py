@@ -28,6 +28,9 @@ from tests.sim.policy import (
 
 __all__ = ["InvariantViolation", "Model"]
 
+_UNSETTLED = ("inflight", "unknown")
+"""Statuses of attempts that may have landed, or may still land, without the model knowing."""
+
 Writes = dict[bytes, bytes | None]
 
 
@@ -148,9 +151,10 @@ class Model:
         below = self.cands.get(v - 1, [])
         parents = {c.state for c in below}
         parent = "no" if attempt.parent not in parents else "yes" if len(parents) == 1 else "maybe"
-        if parent == "yes" and sum(c.landed for c in below) > 1:
-            # Replaced by identical content: the protocol tells attempts apart, not content,
-            # and refuses a store built on the replaced one (it reopens and reads the other).
+        if parent == "yes" and sum(c.landed or c.status in _UNSETTLED for c in below) > 1:
+            # Replaced, or maybe replaced (a commit that failed may have landed), by identical
+            # content: the protocol tells attempts apart, not content, and refuses a store
+            # built on the replaced one (it reopens and reads the other).
             parent = "maybe"
         if self.known_high > v:
             successor = "landed"

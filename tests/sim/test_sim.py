@@ -129,3 +129,13 @@ def test_a_read_overtaken_by_a_replacement_returns_the_content_it_began_with() -
     violation; content that was never a candidate at the read's start still is one."""
     result = run_seed(SCENARIOS["rerun_newer_attempt"], 50005)
     assert result.failure is None, result.failure
+
+
+def test_a_store_built_on_a_maybe_replaced_version_may_be_refused() -> None:
+    """Seed 271800007: a restarted writer re-runs version 1 with the same (empty) content;
+    its manifest lands but the put reports an error (outcome unknown). A cached store that
+    had loaded the first attempt's version 1 then commits version 2 and is refused: the
+    protocol tells attempts apart, not content, and version 1 is now the re-run's. The model
+    used to count only attempts known to have landed, and called the refusal a wedge."""
+    result = run_seed(SCENARIOS["stale_cached_store"], 271800007)
+    assert result.failure is None, result.failure
