@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -146,8 +147,6 @@ def test_a_store_is_handed_over_without_waiting_for_another_stores_snapshot_uplo
     worker asks for store 0 (its handover must wait for that upload, whose checkpoint lies
     beside the copy), then for store 1: store 1 is handed over at once, not after store 0's
     upload, and store 0 once the upload ends."""
-    import threading
-
     config = StoreConfig(local_dir=str(tmp_path / "local"), snapshot_every=1)
     spec = StoreSpec(str(tmp_path / "root"), "op", 2, config, (), lock_timeout_s=30.0)
     first, second = StoreCache(), StoreCache()
@@ -184,10 +183,11 @@ def test_a_store_is_handed_over_without_waiting_for_another_stores_snapshot_uplo
         taker.start()
         deadline = time.monotonic() + 10
         while len(first.open_keys()) == 2 and time.monotonic() < deadline:
-            time.sleep(0.01)  # store 0 is being handed over: waiting for its upload
-        take(1, 5.0)
+            time.sleep(0.01)
+        # Store 0 is being handed over (its close waits for its upload); store 1 is idle.
+        assert first.open_keys() == [(first.backend(spec).local_path("op", 1), "op", 1)]
+        take(1, 10.0)  # StoreBusyError if store 1 waited for store 0's upload
         assert got[1][1] == b"v1"
-        assert got[1][0] < 3
         assert 0 not in got  # store 0 still waits for its own upload
         gate.set()
         taker.join(30)
