@@ -314,12 +314,15 @@ class StateBackend:
         Raises:
             ValueError: only one of ``name`` and ``partition`` is given.
         """
-        if (name is None) != (partition is None):
+        if name is None and partition is None:
+            self._snapshotter.wait()
+        elif name is None or partition is None:
             raise ValueError(
                 "wait_for_snapshots takes both name and partition (one store) or neither "
                 f"(every store); got name={name!r}, partition={partition!r}"
             )
-        self._snapshotter.wait(None if name is None or partition is None else (name, partition))
+        else:
+            self._snapshotter.wait((name, partition))
 
     def versions(self, name: str, partition: int) -> list[int]:
         """Every version of the store that can be opened, ascending.
