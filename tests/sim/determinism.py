@@ -14,7 +14,7 @@ Three sources of nondeterminism sit below the BlobStore, and each is pinned here
 * **Time.** GC compares blob ages with the wall clock: scenarios use an orphan TTL of 0 or
   1e9 s only; the local flush interval is 1e9 s (flushes happen at checkpoints and closes).
 
-The first two reach into private names of statekeeper (``store._working_copy._options``,
+The first two reach into private names of statekeeper (``store._rocks.options``,
 ``StateStore._copy._db`` and its ``wait``); if those change, :func:`deterministic_rocksdb`
 raises rather than letting runs silently diverge (the determinism test would catch that
 too).
@@ -55,12 +55,12 @@ def deterministic_rocksdb() -> Iterator[None]:
     Raises:
         DeterminismError: statekeeper no longer builds RocksDB options where this expects.
     """
-    from statekeeper.store import _working_copy
+    from statekeeper.store import _rocks
 
-    original: Callable[..., Any] | None = getattr(_working_copy, "_options", None)
+    original: Callable[..., Any] | None = getattr(_rocks, "options", None)
     if original is None:
         raise DeterminismError(
-            "statekeeper.store._working_copy._options is gone: update tests/sim/determinism.py"
+            "statekeeper.store._rocks.options is gone: update tests/sim/determinism.py"
         )
 
     def options(*args: Any, **kwargs: Any) -> Any:
@@ -78,11 +78,11 @@ def deterministic_rocksdb() -> Iterator[None]:
         opts.set_max_file_opening_threads(1)
         return opts
 
-    _working_copy._options = options  # type: ignore[attr-defined]
+    _rocks.options = options  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        _working_copy._options = original  # type: ignore[attr-defined]
+        _rocks.options = original  # type: ignore[attr-defined]
 
 
 def settle(store: sk.StateStore) -> None:

@@ -52,7 +52,7 @@ def worker_memory() -> tuple[int, ...]:
     """This Python worker's (pid, peak RSS in kB, open stores, shared cache bytes, memtable
     bytes)."""
     from statekeeper.spark._cache import CACHE
-    from statekeeper.store._working_copy import SHARED_MEMORY
+    from statekeeper.store._rocks import SHARED_MEMORY
 
     with open("/proc/self/status", encoding="ascii") as fh:
         hwm_kb = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))

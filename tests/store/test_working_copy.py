@@ -17,14 +17,10 @@ import rocksdict
 
 from statekeeper.changelog import Columns
 from statekeeper.errors import StateKeeperError
-from statekeeper.store import _label, _working_copy
+from statekeeper.store import _label, _rocks, _working_copy
 from statekeeper.store._label import decode_undo, encode_undo, pack_label, parse_label
-from statekeeper.store._working_copy import (
-    SHARED_MEMORY,
-    WorkingCopy,
-    _SharedMemory,
-    remove_unused_copy,
-)
+from statekeeper.store._rocks import SHARED_MEMORY, SharedMemory
+from statekeeper.store._working_copy import WorkingCopy, remove_unused_copy
 
 ROOT = "r" * 32
 
@@ -216,7 +212,7 @@ def test_scan_returns_exactly_the_items_under_a_prefix_after_a_key(
     """Prefixes that end in 0xFF or are all 0xFF, ``after`` and ``start`` keys inside,
     before and past the prefix's range, and chunk edges anywhere: the items are those of a
     filter over every item."""
-    monkeypatch.setattr(_working_copy, "_SCAN_CHUNK", chunk)
+    monkeypatch.setattr(_rocks, "SCAN_CHUNK", chunk)
     copy = _copy(tmp_path)
     keys = [b"a", b"a\x00", b"a\xff", b"a\xff\x00", b"a\xff\xff", b"b", b"\xff", b"\xff\xff\x01"]
     keys += [b"k%03d" % i for i in range(40)]
@@ -367,7 +363,7 @@ def test_background_work_stays_off_the_commit_path(tmp_path: Path) -> None:
 
 
 def test_the_shared_memory_grows_to_the_largest_budget_and_never_shrinks() -> None:
-    shared = _SharedMemory()
+    shared = SharedMemory()
     cache, buffers = shared.reserve(8)
     assert (shared.memory_mb, buffers.get_buffer_size()) == (8, 4 << 20)
     assert shared.reserve(16) == (cache, buffers)  # the same objects, resized
@@ -379,7 +375,8 @@ def test_the_shared_memory_grows_to_the_largest_budget_and_never_shrinks() -> No
 # A fresh process: the memory of the test process is already shared at some other size.
 _WRITER = """
 import json, os, sys
-from statekeeper.store._working_copy import SHARED_MEMORY, WorkingCopy
+from statekeeper.store._rocks import SHARED_MEMORY
+from statekeeper.store._working_copy import WorkingCopy
 folder, memory_mb = sys.argv[1], int(sys.argv[2])
 copies = [WorkingCopy(os.path.join(folder, str(i)), write_buffer_mb=64, memory_mb=memory_mb,
                       checkpoint_interval_s=1e9) for i in range(4)]

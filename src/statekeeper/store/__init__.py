@@ -10,10 +10,11 @@ from statekeeper.store._rescale import (
     finish_pending_rescale,
     latest_versions,
 )
+from statekeeper.store._rocks import checked_items
 from statekeeper.store._root import DEFAULT_KEY_GROUPS, Rescale, Retention, RootMetadata
 from statekeeper.store._state_store import CommitInfo, RestoreInfo, StateStore
 from statekeeper.store._store_changes import StoreChange, StoreChanges
-from statekeeper.store._working_copy import checked_items, remove_unused_copy
+from statekeeper.store._working_copy import remove_unused_copy
 
 __all__ = [
     "DEFAULT_KEY_GROUPS",

@@ -31,7 +31,7 @@ import rocksdict
 from statekeeper.history import ChangeStretch, StoreHistory
 from statekeeper.store._backend import StateBackend
 from statekeeper.store._changelogs import changelog_parts, prefix_length, read_prefixes
-from statekeeper.store._working_copy import checked_items
+from statekeeper.store._rocks import checked_items
 
 __all__ = ["StoreChange", "StoreChanges", "diff_items"]
 
