@@ -1,56 +1,45 @@
 """StateStore: one open, versioned key -> value map of bytes, and its commit state machine.
 
-Uncommitted writes live in an in-memory overlay, so they are invisible to every other reader,
-vanish on ``abort`` or a crash, and are seen by this store's own reads and scans. ``commit``
-uploads the attempt's changelog (or, in snapshot mode, its snapshot) create-only under a name
-unique to the attempt, then writes the store's next manifest naming it — the one commit point
-for both modes (:mod:`statekeeper.manifest`) — and only then applies the overlay to the
-working copy in one write batch that also records the new version and attempt (invariants 1
-and 3 of ARCHITECTURE §5). The store keeps the manifest it wrote, so a commit costs two
-create-only puts and no read, unless another writer (a background snapshot, a re-run) wrote a
-manifest since: then one listing and one read more, and the decision is taken again.
+Uncommitted writes live in an in-memory overlay (:mod:`statekeeper.store._overlay`), so they
+are invisible to every other reader, vanish on ``abort`` or a crash, and are seen by this
+store's own reads and scans. ``commit`` uploads the attempt's changelog (or, in snapshot
+mode, its snapshot) create-only under a name unique to the attempt, then writes the store's
+next manifest naming it — the one commit point for both modes
+(:mod:`statekeeper.store._commit_point`) — and only then applies the overlay to the working
+copy in one write batch that also records the new version and attempt (invariants 1 and 3
+of ARCHITECTURE §5). The store keeps the manifest it wrote, so a commit costs two
+create-only puts and no read, unless another writer (a background snapshot, a re-run) wrote
+a manifest since: then one listing and one read more, and the decision is taken again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import itertools
 import logging
-import operator
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from statekeeper import layout, phases
 from statekeeper.changelog import ChangelogIdentity, ChangelogParts, Columns, encode_changelog_parts
 from statekeeper.config import StoreConfig
 from statekeeper.errors import CommitConflictError, StateKeeperError
-from statekeeper.manifest import (
-    PLAIN_ORDER,
-    Kind,
-    Order,
-    StoreManifest,
-    apply,
-    decide,
-    fenced,
-    read_newest_manifest,
-    write_manifest,
-)
+from statekeeper.manifest import PLAIN_ORDER, Order, StoreManifest
 from statekeeper.metrics import CommitMetrics, from_commit
 from statekeeper.snapshot import SnapshotMetrics
 from statekeeper.storage import BlobStore, put_stream
-from statekeeper.store._changelogs import changelog_parts, prefix_length
+from statekeeper.store._commit_point import CommitPoint, check_order
+from statekeeper.store._overlay import as_columns, as_key, as_keys, as_value, merge, sorted_columns
 from statekeeper.store._snapshots import SnapshotJob, Snapshotter, write_metrics_quietly
 from statekeeper.store._working_copy import DamagedCopyError, WorkingCopy
 
 __all__ = ["CommitInfo", "RestoreInfo", "StateStore"]
 
 _log = logging.getLogger("statekeeper.store")
-_MAX_LEN = 2**31 - 2
 _T = TypeVar("_T")
 
 
@@ -146,7 +135,10 @@ class StateStore:
         self._pending: dict[bytes, bytes | None] = {}
         self._state = _State.OPEN
         self._snapshotter = snapshotter
-        self._manifest = manifest
+        self._point = CommitPoint(
+            blobs, config, root_id=root_id, operator=operator, partition=partition,
+            manifest=manifest,
+        )  # fmt: skip
         self._last_snapshot = max([manifest.base, *(s.version for s in manifest.snapshots)])
         self._attempt: str | None = None
         self._before_commit = before_commit
@@ -193,7 +185,7 @@ class StateStore:
             StateKeeperError: the store is closed or failed.
         """
         self._check_open()
-        key = _as_key(key)
+        key = as_key(key)
         if key in self._pending:
             return self._pending[key]
         return self._read(lambda copy: copy.get(key))
@@ -207,7 +199,7 @@ class StateStore:
             StateKeeperError: the store is closed or failed.
         """
         self._check_open()
-        keys = _as_keys(keys)
+        keys = as_keys(keys)
         pending = self._pending
         if not pending:
             return self._read(lambda copy: copy.multi_get(keys))
@@ -241,7 +233,7 @@ class StateStore:
             for k, v in self._pending.items()
             if k.startswith(prefix) and (start is None or k >= start)
         )
-        return _merge(self._scan_committed(prefix, start), overlay)
+        return merge(self._scan_committed(prefix, start), overlay)
 
     def _read(self, read: Callable[[WorkingCopy], _T]) -> _T:
         """``read`` from the working copy; a damaged copy is rebuilt once, then read again."""
@@ -299,13 +291,7 @@ class StateStore:
             StateKeeperError: the store is closed or failed.
         """
         self._check_open()
-        key = _as_key(key)
-        if not isinstance(value, bytes | bytearray | memoryview):
-            raise TypeError(f"value must be bytes, got {type(value).__name__}")
-        value = bytes(value)
-        if len(value) > _MAX_LEN:
-            raise ValueError(f"value must be shorter than 2 GiB, got {len(value)} bytes")
-        self._pending[key] = value
+        self._pending[as_key(key)] = as_value(value)
         # Changes after a failed commit make a new attempt: the failed one's blobs may
         # have landed, and must never be taken for these changes.
         self._attempt = None
@@ -326,18 +312,9 @@ class StateStore:
             StateKeeperError: the store is closed or failed.
         """
         self._check_open()
-        keys, column = _columns(items, values)
+        keys, column = as_columns(items, values)
         if not keys:
             return
-        keys = _as_keys(keys)
-        if set(map(type, column)) != {bytes}:
-            for value in column:
-                if not isinstance(value, bytes | bytearray | memoryview):
-                    raise TypeError(f"value must be bytes, got {type(value).__name__}")
-            column = [bytes(v) for v in column]
-        longest = max(map(len, column))
-        if longest > _MAX_LEN:
-            raise ValueError(f"value must be shorter than 2 GiB, got {longest} bytes")
         self._pending.update(zip(keys, column, strict=True))
         self._attempt = None
 
@@ -349,7 +326,7 @@ class StateStore:
             StateKeeperError: the store is closed or failed.
         """
         self._check_open()
-        self._pending[_as_key(key)] = None
+        self._pending[as_key(key)] = None
         self._attempt = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -387,7 +364,7 @@ class StateStore:
         """
         self._check_open()
         started = time.perf_counter_ns()
-        order = PLAIN_ORDER if order is None else _check_order(order)
+        order = PLAIN_ORDER if order is None else check_order(order)
         with phases.measure() as spent:
             with phases.phase("apply"):
                 self._settle()  # the previous commit's write to the working copy
@@ -416,7 +393,7 @@ class StateStore:
 
     def _commit(self, order: Order, started: int) -> CommitInfo:
         with phases.phase("encode"):
-            columns = _sorted_columns(self._pending)
+            columns = sorted_columns(self._pending)
         # The attempt whose content this store loaded (and its copy holds): a re-run may
         # have replaced that version since, and these changes were made on this content.
         parent = self._copy.attempt
@@ -465,12 +442,12 @@ class StateStore:
         new_version = self._version + 1
         attempt = self._attempt
         assert attempt is not None
-        adopted = self._refuse_early(new_version, attempt, order, columns, parent)
+        adopted = self._point.refuse_early(new_version, attempt, order, columns, parent)
         if adopted is not None:
             with phases.phase("upload"):
-                self._manifest = self._raise_fence(self._manifest, order)
+                self._point.adopt(order)
             self._apply_locally(columns, new_version, adopted)
-            return self._manifest.entry(new_version).blob, 0  # type: ignore[union-attr]
+            return self._point.manifest.entry(new_version).blob, 0  # type: ignore[union-attr]
 
         def encode() -> ChangelogParts:
             return encode_changelog_parts(
@@ -493,7 +470,9 @@ class StateStore:
             _log.info("changelog %s was written by an earlier try of this commit", key)
             size = 0
         with phases.phase("upload"):
-            adopted = self._publish(new_version, attempt, order, "changelog", key, columns, parent)
+            adopted = self._point.publish(
+                new_version, attempt, order, "changelog", key, columns, parent
+            )
         if parts.count == 1:
             # Nearly every commit: written to the copy after the commit returns (_overlap).
             self._copy.write_behind(
@@ -569,19 +548,18 @@ class StateStore:
         attempt = self._attempt
         assert attempt is not None
         try:
-            decide(
-                self._manifest, parent=self._version, attempt=attempt, order=order,
-                parent_attempt=parent,
-            )  # fmt: skip
+            self._point.check(new_version, attempt, order, parent)
             self._apply_dirty(columns, new_version, attempt)
             job = SnapshotJob(
                 self._copy, self._operator, self._partition, root_id=self._root_id,
-                manifest=self._manifest, register=False,
+                manifest=self._point.manifest, register=False,
             )  # fmt: skip
             metrics = self._snapshotter.run(job)
             if metrics is None:
                 raise StateKeeperError(f"could not snapshot {self!r}: the copy was closed")
-            self._publish(new_version, attempt, order, "snapshot", job.index_key, None, parent)
+            self._point.publish(
+                new_version, attempt, order, "snapshot", job.index_key, None, parent
+            )
         except BaseException:
             self._state = _State.FAILED  # the local copy holds an uncommitted version
             raise
@@ -627,122 +605,6 @@ class StateStore:
             "(once the local disk has room): it catches up from the blob store"
         )
 
-    def _refuse_early(
-        self, version: int, attempt: str, order: Order, columns: Columns, parent: str
-    ) -> str | None:
-        """Refuse a commit the cached manifest already refuses, before writing anything
-        (its fence and its final versions only grow); ``None``, or the attempt to adopt
-        when the version holds identical content already."""
-        try:
-            decide(
-                self._manifest, parent=version - 1, attempt=attempt, order=order,
-                parent_attempt=parent,
-            )  # fmt: skip
-        except CommitConflictError:
-            adopted = self._identical(self._manifest, version, columns)
-            if adopted is None:
-                raise
-            return adopted
-        return None
-
-    def _publish(
-        self,
-        version: int,
-        attempt: str,
-        order: Order,
-        kind: Kind,
-        blob: str,
-        columns: Columns | None,
-        parent: str,
-    ) -> str | None:
-        """Write the manifest naming this attempt as ``version``, built on ``parent``'s
-        content of ``version - 1``: the commit point.
-
-        Returns ``None``, or the attempt adopted when another attempt of the same order
-        committed identical content first.
-
-        Raises:
-            CommitConflictError: the commit is refused (see :meth:`commit`).
-            StorageError: the manifest write failed (it may have landed: a retry decides).
-        """
-        manifest = self._manifest
-        while True:
-            try:
-                decision = decide(
-                    manifest, parent=version - 1, attempt=attempt, order=order,
-                    parent_attempt=parent,
-                )  # fmt: skip
-            except CommitConflictError:
-                adopted = None if columns is None else self._identical(manifest, version, columns)
-                if adopted is None:
-                    raise
-                self._manifest = self._raise_fence(manifest, order)
-                return adopted
-            if decision.action == "done":
-                self._manifest = manifest
-                return None
-            new = apply(manifest, decision, attempt=attempt, order=order, kind=kind, blob=blob)
-            try:
-                write_manifest(self._blobs, new)
-            except CommitConflictError:
-                manifest = self._newest_manifest()
-                continue
-            self._manifest = new
-            return None
-
-    def _raise_fence(self, manifest: StoreManifest, order: Order) -> StoreManifest:
-        """After adopting another attempt's identical content: raise the store's fence to
-        ``order`` if it is lower (one more manifest), so that an older attempt (a zombie of
-        the run this one replaces) cannot append to versions this run has taken over, which
-        would leave them final to it. Returns the manifest that holds the fence.
-
-        Raises:
-            StorageError: the manifest write failed (the commit may be retried).
-        """
-        while order > manifest.fence:
-            new = fenced(manifest, order)
-            try:
-                write_manifest(self._blobs, new)
-            except CommitConflictError:
-                manifest = self._newest_manifest()
-                continue
-            return new
-        return manifest
-
-    def _newest_manifest(self) -> StoreManifest:
-        found = read_newest_manifest(
-            self._blobs, root_id=self._root_id, operator=self._operator, partition=self._partition
-        )
-        if found is None:
-            raise StateKeeperError(
-                f"the manifests of store {self._operator}/{self._partition} disappeared"
-            )
-        return found
-
-    def _identical(self, manifest: StoreManifest, version: int, columns: Columns) -> str | None:
-        """The attempt holding ``version`` if it was built on the same parent and holds
-        exactly ``columns`` (a re-run that changed nothing)."""
-        entry = manifest.entry(version)
-        if entry is None or entry.kind != "changelog":
-            return None
-        if entry.parent_attempt != self._copy.attempt:
-            return None
-        key = entry.blob
-        length = prefix_length(self._config)
-        first = self._blobs.get_range(key, 0, length)
-        parts = changelog_parts(self._blobs, key, first=first, length=length)
-        done = 0
-        for part in parts:  # a part at a time: the blob may be larger than memory allows
-            if part.header.base_version != version - 1:
-                return None
-            if part.records != columns.records(done, done + len(part.records)):
-                return None
-            done += len(part.records)
-        if done != len(columns):
-            return None
-        _log.info("version %s already committed with identical content: accepted", key)
-        return entry.attempt
-
     def _settle(self) -> None:
         """Wait for the working copy's write of the last commit (``write_behind``).
 
@@ -766,7 +628,7 @@ class StateStore:
             return False
         job = SnapshotJob(
             self._copy, self._operator, self._partition, root_id=self._root_id,
-            manifest=self._manifest,
+            manifest=self._point.manifest,
         )  # fmt: skip
         if self._snapshotter.schedule(job) is None:
             return False  # the previous one is still uploading: try again next commit
@@ -784,7 +646,7 @@ class StateStore:
         self._settle()
         job = SnapshotJob(
             self._copy, self._operator, self._partition, root_id=self._root_id,
-            manifest=self._manifest,
+            manifest=self._point.manifest,
         )  # fmt: skip
         metrics = self._snapshotter.run(job)
         self._last_snapshot = self._version
@@ -836,93 +698,3 @@ def _phases_ms(phases: dict[str, int], elapsed_ns: int) -> dict[str, float]:
     out = {name: round(ns / 1e6, 3) for name, ns in sorted(phases.items())}
     out["other"] = round(max(elapsed_ns - sum(phases.values()), 0) / 1e6, 3)
     return out
-
-
-def _sorted_columns(pending: dict[bytes, bytes | None]) -> Columns:
-    """The overlay as columns sorted by key. Written in key order already (a vectorized
-    function's sorted batch), it is taken as it is: checking the order costs a quarter of
-    sorting and looking every value up again."""
-    keys = list(pending)
-    if all(map(operator.lt, keys, itertools.islice(keys, 1, None))):
-        return Columns.trusted(keys, list(pending.values()))
-    keys.sort()
-    return Columns.trusted(keys, list(map(pending.__getitem__, keys)))
-
-
-def _check_order(order: object) -> Order:
-    if (
-        not isinstance(order, tuple)
-        or len(order) != len(PLAIN_ORDER)
-        or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in order)
-    ):
-        raise ValueError(
-            "order must be a tuple of 4 ints >= 0 (generation, stage id, stage attempt, "
-            f"task attempt), got {order!r}"
-        )
-    return order
-
-
-def _as_keys(keys: Iterable[object]) -> list[bytes]:
-    """:func:`_as_key` of each key; plain bytes of allowed lengths are checked in bulk."""
-    keys = keys if isinstance(keys, list) else list(keys)
-    lengths = list(map(len, keys)) if keys and set(map(type, keys)) == {bytes} else None
-    if lengths and min(lengths) > 0 and max(lengths) <= _MAX_LEN:
-        return keys  # type: ignore[return-value]
-    return [_as_key(k) for k in keys]
-
-
-def _columns(
-    items: Iterable[object], values: Iterable[object] | None
-) -> tuple[list[Any], list[Any]]:
-    """The keys and values of ``put_many``'s arguments, as two lists of equal length.
-
-    Raises:
-        ValueError: an item is not a pair, or ``values`` has another length than the keys.
-    """
-    if values is not None:
-        keys = items if isinstance(items, list) else list(items)
-        column = values if isinstance(values, list) else list(values)
-        if len(keys) != len(column):
-            raise ValueError(
-                f"put_many takes one value per key: expected {len(keys)} values, "
-                f"found {len(column)}"
-            )
-        return keys, column
-    pairs = items if isinstance(items, list) else list(items)
-    if pairs and set(map(len, pairs)) != {2}:
-        raise ValueError("put_many takes (key, value) pairs, or keys and values")
-    return list(map(operator.itemgetter(0), pairs)), list(map(operator.itemgetter(1), pairs))
-
-
-def _as_key(key: object) -> bytes:
-    if not isinstance(key, bytes | bytearray | memoryview):
-        raise TypeError(f"key must be bytes, got {type(key).__name__}")
-    key = bytes(key)
-    if not key:
-        raise ValueError("key must not be empty")
-    if len(key) > _MAX_LEN:
-        raise ValueError(f"key must be shorter than 2 GiB, got {len(key)} bytes")
-    return key
-
-
-def _merge(
-    committed: Iterator[tuple[bytes, bytes]], overlay: list[tuple[bytes, bytes | None]]
-) -> Iterator[tuple[bytes, bytes]]:
-    """Merge committed items with the sorted overlay; the overlay wins, ``None`` hides."""
-    i = 0
-    for key, value in committed:
-        while i < len(overlay) and overlay[i][0] < key:
-            okey, ovalue = overlay[i]
-            i += 1
-            if ovalue is not None:
-                yield okey, ovalue
-        if i < len(overlay) and overlay[i][0] == key:
-            ovalue = overlay[i][1]
-            i += 1
-            if ovalue is not None:
-                yield key, ovalue
-        else:
-            yield key, value
-    for okey, ovalue in overlay[i:]:
-        if ovalue is not None:
-            yield okey, ovalue

@@ -1,0 +1,218 @@
+"""The commit point of one store: the decision, against its manifests, of whether an attempt
+may become a version, and the manifest write that makes it one.
+
+A :class:`CommitPoint` keeps the newest manifest its store knows of (the one it read at open,
+or wrote since), so a commit reads nothing unless another writer (a background snapshot, a
+re-run, a zombie) wrote a manifest meanwhile: then its create-only write is refused, and the
+newest manifest is listed, read, and the decision taken again (:mod:`statekeeper.manifest`).
+A refused attempt whose changes equal, byte for byte, what the version already holds (a
+re-run that changed nothing) adopts that content instead of failing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from statekeeper.changelog import Columns
+from statekeeper.config import StoreConfig
+from statekeeper.errors import CommitConflictError, StateKeeperError
+from statekeeper.manifest import (
+    PLAIN_ORDER,
+    Kind,
+    Order,
+    StoreManifest,
+    apply,
+    decide,
+    fenced,
+    read_newest_manifest,
+    write_manifest,
+)
+from statekeeper.storage import BlobStore
+from statekeeper.store._changelogs import changelog_parts, prefix_length
+
+__all__ = ["CommitPoint", "check_order"]
+
+_log = logging.getLogger("statekeeper.store")
+
+
+class CommitPoint:
+    """The manifests of one (operator, partition) as its writer sees them.
+
+    Not thread-safe: it belongs to one :class:`~statekeeper.store.StateStore`.
+    """
+
+    def __init__(
+        self,
+        blobs: BlobStore,
+        config: StoreConfig,
+        *,
+        root_id: str,
+        operator: str,
+        partition: int,
+        manifest: StoreManifest,
+    ) -> None:
+        self._blobs = blobs
+        self._config = config
+        self._root_id = root_id
+        self._operator = operator
+        self._partition = partition
+        self.manifest = manifest
+        """The newest manifest known: read at open, or written or read since."""
+
+    def refuse_early(
+        self, version: int, attempt: str, order: Order, columns: Columns, parent: str
+    ) -> str | None:
+        """Refuse a commit of ``version`` that the known manifest already refuses, before
+        anything is written (its fence and its final versions only grow); ``None``, or the
+        attempt to adopt when the version holds identical content already (see
+        :meth:`publish`).
+
+        Raises:
+            CommitConflictError: the commit is refused.
+        """
+        try:
+            self.check(version, attempt, order, parent)
+        except CommitConflictError:
+            adopted = self._identical(self.manifest, version, columns, parent)
+            if adopted is None:
+                raise
+            return adopted
+        return None
+
+    def check(self, version: int, attempt: str, order: Order, parent: str) -> None:
+        """Raise if the known manifest refuses ``attempt`` as ``version`` (built on
+        ``parent``'s content of ``version - 1``); a commit whose blob must be written first
+        and cannot be adopted (a snapshot) checks before it writes.
+
+        Raises:
+            CommitConflictError: the commit is refused.
+        """
+        decide(
+            self.manifest, parent=version - 1, attempt=attempt, order=order,
+            parent_attempt=parent,
+        )  # fmt: skip
+
+    def publish(
+        self,
+        version: int,
+        attempt: str,
+        order: Order,
+        kind: Kind,
+        blob: str,
+        columns: Columns | None,
+        parent: str,
+    ) -> str | None:
+        """Write the manifest naming ``attempt`` as ``version``, built on ``parent``'s
+        content of ``version - 1``: the commit point.
+
+        Returns ``None``, or the attempt adopted when another attempt committed
+        ``version`` first with identical content (``columns``; ``None``: nothing is
+        adopted) on the same parent. Adopting raises the store's fence to ``order`` (see
+        :meth:`adopt`).
+
+        Raises:
+            CommitConflictError: the commit is refused (see
+                :meth:`statekeeper.store.StateStore.commit`).
+            StorageError: the manifest write failed (it may have landed: a retry decides).
+        """
+        manifest = self.manifest
+        while True:
+            try:
+                decision = decide(
+                    manifest, parent=version - 1, attempt=attempt, order=order,
+                    parent_attempt=parent,
+                )  # fmt: skip
+            except CommitConflictError:
+                adopted = (
+                    None if columns is None else self._identical(manifest, version, columns, parent)
+                )
+                if adopted is None:
+                    raise
+                self.manifest = self._raise_fence(manifest, order)
+                return adopted
+            if decision.action == "done":
+                self.manifest = manifest
+                return None
+            new = apply(manifest, decision, attempt=attempt, order=order, kind=kind, blob=blob)
+            try:
+                write_manifest(self._blobs, new)
+            except CommitConflictError:
+                manifest = self._newest()
+                continue
+            self.manifest = new
+            return None
+
+    def adopt(self, order: Order) -> None:
+        """After adopting another attempt's identical content: raise the store's fence to
+        ``order`` if it is lower (one more manifest), so that an older attempt (a zombie of
+        the run this one replaces) cannot append to versions this run has taken over, which
+        would leave them final to it.
+
+        Raises:
+            StorageError: the manifest write failed (the commit may be retried).
+        """
+        self.manifest = self._raise_fence(self.manifest, order)
+
+    def _raise_fence(self, manifest: StoreManifest, order: Order) -> StoreManifest:
+        """:meth:`adopt` from ``manifest``; returns the manifest that holds the fence."""
+        while order > manifest.fence:
+            new = fenced(manifest, order)
+            try:
+                write_manifest(self._blobs, new)
+            except CommitConflictError:
+                manifest = self._newest()
+                continue
+            return new
+        return manifest
+
+    def _newest(self) -> StoreManifest:
+        found = read_newest_manifest(
+            self._blobs, root_id=self._root_id, operator=self._operator, partition=self._partition
+        )
+        if found is None:
+            raise StateKeeperError(
+                f"the manifests of store {self._operator}/{self._partition} disappeared"
+            )
+        return found
+
+    def _identical(
+        self, manifest: StoreManifest, version: int, columns: Columns, parent: str
+    ) -> str | None:
+        """The attempt holding ``version`` if it was built on ``parent`` and holds exactly
+        ``columns`` (a re-run that changed nothing)."""
+        entry = manifest.entry(version)
+        if entry is None or entry.kind != "changelog" or entry.parent_attempt != parent:
+            return None
+        key = entry.blob
+        length = prefix_length(self._config)
+        first = self._blobs.get_range(key, 0, length)
+        parts = changelog_parts(self._blobs, key, first=first, length=length)
+        done = 0
+        for part in parts:  # a part at a time: the blob may be larger than memory allows
+            if part.header.base_version != version - 1:
+                return None
+            if part.records != columns.records(done, done + len(part.records)):
+                return None
+            done += len(part.records)
+        if done != len(columns):
+            return None
+        _log.info("version %s already committed with identical content: accepted", key)
+        return entry.attempt
+
+
+def check_order(order: object) -> Order:
+    """``order`` if it is an :data:`~statekeeper.manifest.Order`.
+
+    Raises:
+        ValueError: it is not a tuple of 4 ints >= 0.
+    """
+    if (
+        not isinstance(order, tuple)
+        or len(order) != len(PLAIN_ORDER)
+        or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in order)
+    ):
+        raise ValueError(
+            "order must be a tuple of 4 ints >= 0 (generation, stage id, stage attempt, "
+            f"task attempt), got {order!r}"
+        )
+    return order

@@ -1,0 +1,146 @@
+"""The uncommitted writes of a store (its overlay, a ``dict`` of key to value, ``None`` for a
+delete): the checks of what goes in, and how it comes out, as a commit's sorted columns or
+merged into a scan of the working copy.
+
+The checks of bulk writes run once over a whole column (no Python call per key), so a
+vectorized function's writes cost what the dictionary costs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from statekeeper.changelog import Columns
+
+__all__ = ["MAX_LEN", "as_columns", "as_key", "as_keys", "as_value", "merge", "sorted_columns"]
+
+MAX_LEN = 2**31 - 2
+"""The longest key or value, in bytes (the changelog frames lengths in 31 bits)."""
+
+
+def as_key(key: object) -> bytes:
+    """``key`` as ``bytes``.
+
+    Raises:
+        TypeError: it is not bytes.
+        ValueError: it is empty, or 2 GiB or longer.
+    """
+    if not isinstance(key, bytes | bytearray | memoryview):
+        raise TypeError(f"key must be bytes, got {type(key).__name__}")
+    key = bytes(key)
+    if not key:
+        raise ValueError("key must not be empty")
+    if len(key) > MAX_LEN:
+        raise ValueError(f"key must be shorter than 2 GiB, got {len(key)} bytes")
+    return key
+
+
+def as_value(value: object) -> bytes:
+    """``value`` as ``bytes``.
+
+    Raises:
+        TypeError: it is not bytes.
+        ValueError: it is 2 GiB or longer.
+    """
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise TypeError(f"value must be bytes, got {type(value).__name__}")
+    value = bytes(value)
+    if len(value) > MAX_LEN:
+        raise ValueError(f"value must be shorter than 2 GiB, got {len(value)} bytes")
+    return value
+
+
+def as_keys(keys: Iterable[object]) -> list[bytes]:
+    """:func:`as_key` of each key; plain bytes of allowed lengths are checked in bulk.
+
+    Raises:
+        TypeError, ValueError: as :func:`as_key`, for any key.
+    """
+    keys = keys if isinstance(keys, list) else list(keys)
+    lengths = list(map(len, keys)) if keys and set(map(type, keys)) == {bytes} else None
+    if lengths and min(lengths) > 0 and max(lengths) <= MAX_LEN:
+        return keys  # type: ignore[return-value]
+    return [as_key(k) for k in keys]
+
+
+def as_columns(
+    items: Iterable[object], values: Iterable[object] | None
+) -> tuple[list[bytes], list[bytes]]:
+    """The checked keys and values of ``put_many``'s arguments: ``(key, value)`` pairs, or
+    keys and ``values``; two lists of equal length.
+
+    Raises:
+        TypeError, ValueError: as :func:`as_key` and :func:`as_value`, for any pair; an item
+            is not a pair, or ``values`` has another length than the keys.
+    """
+    keys, column = _split(items, values)
+    if not keys:
+        return [], []
+    checked = as_keys(keys)
+    if set(map(type, column)) != {bytes}:
+        for value in column:
+            if not isinstance(value, bytes | bytearray | memoryview):
+                raise TypeError(f"value must be bytes, got {type(value).__name__}")
+        column = [bytes(v) for v in column]
+    longest = max(map(len, column))
+    if longest > MAX_LEN:
+        raise ValueError(f"value must be shorter than 2 GiB, got {longest} bytes")
+    return checked, column
+
+
+def _split(items: Iterable[object], values: Iterable[object] | None) -> tuple[list[Any], list[Any]]:
+    """The keys and values of ``put_many``'s arguments, unchecked.
+
+    Raises:
+        ValueError: an item is not a pair, or ``values`` has another length than the keys.
+    """
+    if values is not None:
+        keys = items if isinstance(items, list) else list(items)
+        column = values if isinstance(values, list) else list(values)
+        if len(keys) != len(column):
+            raise ValueError(
+                f"put_many takes one value per key: expected {len(keys)} values, "
+                f"found {len(column)}"
+            )
+        return keys, column
+    pairs = items if isinstance(items, list) else list(items)
+    if pairs and set(map(len, pairs)) != {2}:
+        raise ValueError("put_many takes (key, value) pairs, or keys and values")
+    return list(map(operator.itemgetter(0), pairs)), list(map(operator.itemgetter(1), pairs))
+
+
+def sorted_columns(pending: dict[bytes, bytes | None]) -> Columns:
+    """The overlay as columns sorted by key. Written in key order already (a vectorized
+    function's sorted batch), it is taken as it is: checking the order costs a quarter of
+    sorting and looking every value up again."""
+    keys = list(pending)
+    if all(map(operator.lt, keys, itertools.islice(keys, 1, None))):
+        return Columns.trusted(keys, list(pending.values()))
+    keys.sort()
+    return Columns.trusted(keys, list(map(pending.__getitem__, keys)))
+
+
+def merge(
+    committed: Iterator[tuple[bytes, bytes]], overlay: list[tuple[bytes, bytes | None]]
+) -> Iterator[tuple[bytes, bytes]]:
+    """Merge committed items with the sorted overlay; the overlay wins, ``None`` hides."""
+    i = 0
+    for key, value in committed:
+        while i < len(overlay) and overlay[i][0] < key:
+            okey, ovalue = overlay[i]
+            i += 1
+            if ovalue is not None:
+                yield okey, ovalue
+        if i < len(overlay) and overlay[i][0] == key:
+            ovalue = overlay[i][1]
+            i += 1
+            if ovalue is not None:
+                yield key, ovalue
+        else:
+            yield key, value
+    for okey, ovalue in overlay[i:]:
+        if ovalue is not None:
+            yield okey, ovalue
