@@ -134,6 +134,45 @@ def test_waiting_for_one_stores_snapshots_does_not_wait_for_another_stores(
         backend.close()
 
 
+def test_a_store_waited_for_has_its_queued_snapshot_uploaded_next(tmp_path: Path) -> None:
+    # A store handed over waits for its own snapshot: it must not wait for every snapshot
+    # queued before it too (one upload thread per backend).
+    blobs = GatedBlobStore(LocalBlobStore(str(tmp_path / "root")))
+    backend = sk.StateBackend(blobs, config=_config(tmp_path, "a", snapshot_every=1))
+    stores = [backend.open("op", p) for p in range(3)]
+    try:
+        for store in stores:
+            _fill(store, 0, 10)
+            assert store.commit().snapshot_scheduled
+        assert blobs.file_put_started.wait(timeout=60)  # op/0's upload holds the thread
+        queue = backend._snapshotter._queue  # scheduled, not started
+        assert [job.partition for job, _ in queue] == [1, 2]
+        waited = threading.Thread(target=backend.wait_for_snapshots, args=("op", 2))
+        waited.start()
+        deadline = time.monotonic() + 60
+        while [job.partition for job, _ in queue] != [2, 1]:
+            assert time.monotonic() < deadline, "op/2's snapshot was never moved up"
+            time.sleep(0.01)
+        assert waited.is_alive()  # op/2's own upload is yet to run
+        blobs.gate.set()
+        waited.join(timeout=60)
+        assert not waited.is_alive()
+        backend.wait_for_snapshots()
+    finally:
+        blobs.gate.set()
+        for store in stores:
+            store.close()
+        backend.close()
+    indexes = [
+        partition
+        for op, key in blobs.calls
+        if op == "put" and layout.parse_attempt_snapshot_key(key) is not None
+        for partition in range(3)
+        if key.startswith(layout.snapshot_prefix("op", partition))
+    ]
+    assert indexes == [0, 2, 1]  # op/2 went before op/1, scheduled first
+
+
 def test_snapshot_of_a_few_changed_keys_uploads_only_new_sst_and_mutable_files(
     tmp_path: Path,
 ) -> None:

@@ -13,6 +13,7 @@ import logging
 import shutil
 import threading
 import uuid
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
@@ -113,7 +114,14 @@ class SnapshotJob:
 
 
 class Snapshotter:
-    """Uploads snapshots for one backend, synchronously or on a background thread."""
+    """Uploads snapshots for one backend, synchronously or on a background thread.
+
+    Background snapshots run one at a time, in the order scheduled, except that a store
+    waited for (:meth:`wait` of one store: a store being handed over to another process
+    must keep its checkpoint until its upload is done) moves its queued snapshot to the
+    front, so its wait is the upload running now and its own, not every snapshot scheduled
+    before it. Nothing is ever dropped from the queue.
+    """
 
     def __init__(self, blobs: BlobStore, config: StoreConfig) -> None:
         self._blobs = blobs
@@ -121,6 +129,9 @@ class Snapshotter:
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._running: dict[tuple[str, int], Future[SnapshotMetrics | None]] = {}
+        # Scheduled and not started, next first: each holds its own future, and the pool
+        # runs one _run_next per job, whichever job is first by then.
+        self._queue: deque[tuple[SnapshotJob, Future[SnapshotMetrics | None]]] = deque()
         self._uploading: dict[tuple[str, int], int] = {}
         self.after_upload: Callable[[str, int], None] | None = None
         """Called (on the background thread) after each background snapshot upload."""
@@ -139,17 +150,44 @@ class Snapshotter:
                 return None
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="statekeeper-snapshot")
-            future = self._pool.submit(self._run_logged, job)
+            future: Future[SnapshotMetrics | None] = Future()
+            self._queue.append((job, future))
+            self._pool.submit(self._run_next)
             self._running[key] = future
         return future
 
     def wait(self, store: tuple[str, int] | None = None) -> None:
         """Block until every scheduled snapshot has finished, or only that of ``store``
-        (operator, partition)."""
+        (operator, partition), whose snapshot, if still queued, is run next."""
         with self._pool_lock:
             futures = [f for k, f in self._running.items() if store is None or k == store]
+            if store is not None:
+                self._run_first(store)
         for future in futures:
             future.exception()
+
+    def _run_first(self, store: tuple[str, int]) -> None:
+        """Move ``store``'s queued snapshot, if any, to the front of the queue (the pool's
+        lock held)."""
+        for i, (job, future) in enumerate(self._queue):
+            if (job.operator, job.partition) == store:
+                if i:
+                    del self._queue[i]
+                    self._queue.appendleft((job, future))
+                return
+
+    def _run_next(self) -> None:
+        """Run the job at the front of the queue (the pool runs one call per job)."""
+        with self._pool_lock:
+            job, future = self._queue.popleft()
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            result = self._run_logged(job)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter, as an executor does
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
 
     def close(self) -> None:
         """Finish scheduled snapshots and stop the background thread."""
