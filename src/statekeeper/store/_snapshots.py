@@ -151,8 +151,10 @@ class Snapshotter:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="statekeeper-snapshot")
             future: Future[SnapshotMetrics | None] = Future()
-            self._queue.append((job, future))
+            # Submitted first: if the pool refuses (at interpreter exit), nothing is queued
+            # that no call would run. The call waits for the lock held here, so for the job.
             self._pool.submit(self._run_next)
+            self._queue.append((job, future))
             self._running[key] = future
         return future
 
