@@ -387,8 +387,8 @@ def _shutdown(entry: _Entry) -> None:
 
     An upload runs from a checkpoint folder beside the working copy; the next process to
     open the copy deletes such folders as stale, so the lock is held until it is done. Only
-    this store's upload is waited for: the other stores' uploads (one thread per backend)
-    do not touch this copy.
+    this store's upload is waited for, and run next if queued: the other stores' uploads
+    (one thread per backend) do not touch this copy.
     """
     _, operator, partition = entry.key
     try:

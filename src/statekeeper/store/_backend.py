@@ -309,7 +309,8 @@ class StateBackend:
 
     def wait_for_snapshots(self, name: str | None = None, partition: int | None = None) -> None:
         """Block until every background snapshot scheduled so far has finished; given
-        ``name`` and ``partition``, only that store's.
+        ``name`` and ``partition``, only that store's, which, if still queued behind other
+        stores' snapshots, is uploaded next.
 
         Raises:
             ValueError: only one of ``name`` and ``partition`` is given.
