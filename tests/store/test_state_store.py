@@ -126,10 +126,12 @@ def test_second_open_of_same_working_copy_is_refused(backend: sk.StateBackend) -
 @pytest.mark.parametrize("bad", ["k", 1, None, ["a"]])
 def test_non_bytes_keys_and_values_are_refused(backend: sk.StateBackend, bad: object) -> None:
     with backend.open("op", partition=0) as store:
-        with pytest.raises(TypeError, match="must be bytes"):
+        with pytest.raises(TypeError, match="key must be bytes"):
             store.put(bad, b"v")  # type: ignore[arg-type]
-        with pytest.raises(TypeError, match="must be bytes"):
+        with pytest.raises(TypeError, match="value must be bytes"):
             store.put(b"k", bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="key must be bytes"):  # the key is checked first
+            store.put(bad, bad)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="must be bytes"):
             store.get(bad)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="must be bytes"):

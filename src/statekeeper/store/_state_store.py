@@ -291,7 +291,8 @@ class StateStore:
             StateKeeperError: the store is closed or failed.
         """
         self._check_open()
-        self._pending[as_key(key)] = as_value(value)
+        key = as_key(key)  # checked before the value, as its errors say
+        self._pending[key] = as_value(value)
         # Changes after a failed commit make a new attempt: the failed one's blobs may
         # have landed, and must never be taken for these changes.
         self._attempt = None
