@@ -13,12 +13,9 @@ import operator
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from statekeeper.changelog import Columns
+from statekeeper.changelog import MAX_ITEM_LENGTH, Columns
 
-__all__ = ["MAX_LEN", "as_columns", "as_key", "as_keys", "as_value", "merge", "sorted_columns"]
-
-MAX_LEN = 2**31 - 2
-"""The longest key or value, in bytes (the changelog frames lengths in 31 bits)."""
+__all__ = ["as_columns", "as_key", "as_keys", "as_value", "merge", "sorted_columns"]
 
 
 def as_key(key: object) -> bytes:
@@ -33,7 +30,7 @@ def as_key(key: object) -> bytes:
     key = bytes(key)
     if not key:
         raise ValueError("key must not be empty")
-    if len(key) > MAX_LEN:
+    if len(key) > MAX_ITEM_LENGTH:
         raise ValueError(f"key must be shorter than 2 GiB, got {len(key)} bytes")
     return key
 
@@ -48,7 +45,7 @@ def as_value(value: object) -> bytes:
     if not isinstance(value, bytes | bytearray | memoryview):
         raise TypeError(f"value must be bytes, got {type(value).__name__}")
     value = bytes(value)
-    if len(value) > MAX_LEN:
+    if len(value) > MAX_ITEM_LENGTH:
         raise ValueError(f"value must be shorter than 2 GiB, got {len(value)} bytes")
     return value
 
@@ -61,7 +58,7 @@ def as_keys(keys: Iterable[object]) -> list[bytes]:
     """
     keys = keys if isinstance(keys, list) else list(keys)
     lengths = list(map(len, keys)) if keys and set(map(type, keys)) == {bytes} else None
-    if lengths and min(lengths) > 0 and max(lengths) <= MAX_LEN:
+    if lengths and min(lengths) > 0 and max(lengths) <= MAX_ITEM_LENGTH:
         return keys  # type: ignore[return-value]
     return [as_key(k) for k in keys]
 
@@ -86,7 +83,7 @@ def as_columns(
                 raise TypeError(f"value must be bytes, got {type(value).__name__}")
         column = [bytes(v) for v in column]
     longest = max(map(len, column))
-    if longest > MAX_LEN:
+    if longest > MAX_ITEM_LENGTH:
         raise ValueError(f"value must be shorter than 2 GiB, got {longest} bytes")
     return checked, column
 

@@ -291,7 +291,7 @@ class StateStore:
             StateKeeperError: the store is closed or failed.
         """
         self._check_open()
-        key = as_key(key)  # checked before the value, as its errors say
+        key = as_key(key)  # first: a put of a bad key and a bad value names the key
         self._pending[key] = as_value(value)
         # Changes after a failed commit make a new attempt: the failed one's blobs may
         # have landed, and must never be taken for these changes.
