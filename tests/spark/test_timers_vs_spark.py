@@ -29,11 +29,8 @@ same batches on both, and the same ones stay registered.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import os
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,36 +38,31 @@ from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, Row, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor as SparkProcessor
 
 from statekeeper import StoreConfig
 from statekeeper.spark import StatefulProcessor, read_state, transform_with_state
+from tests.spark import differential
+from tests.spark.differential import T0, ms, run, spark_tws, stream, write_batches
 from tests.spark.helpers import pickled_by_value
 
 pytestmark = pytest.mark.spark
 
-T0 = int(dt.datetime(2024, 1, 1, tzinfo=dt.UTC).timestamp() * 1000)
-SCHEMA = "k string, t long, ts timestamp"
 EVENT_OUT = "k string, what string, n long, at long, wm long, timers string"
 STATE = "n long, fired long, latest long"
 PROC_OUT = "k string, what string, same_batch boolean"
 OFFSETS = {"past": -1000, "now": 0, "next": 1, "hour": 3_600_000}
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _pickled_by_value() -> Iterator[None]:
-    """Spark's workers cannot import this test module: its processors travel by value."""
-    with pickled_by_value(sys.modules[__name__]):
+    """Spark's workers cannot import the test modules: the processors (and the helpers they
+    call) travel by value."""
+    with pickled_by_value(sys.modules[__name__]), pickled_by_value(differential):
         yield
 
 
 # -- the processor logic, shared: sessions of event time ------------------------------------
-
-
-def _ms(seconds: int) -> int:
-    return T0 + seconds * 1000
 
 
 def _on_rows(old: Any, times: list[int]) -> tuple[tuple[int, int, int], list[int]]:
@@ -78,14 +70,14 @@ def _on_rows(old: Any, times: list[int]) -> tuple[tuple[int, int, int], list[int
     close at latest + 10 s) after a key's rows (seconds after T0)."""
     n, fired = (old[0], old[1]) if old is not None else (0, 0)
     latest = max(times)
-    return (n + len(times), fired, latest), [_ms(latest + 10), _ms(latest + 5)]
+    return (n + len(times), fired, latest), [ms(latest + 10), ms(latest + 5)]
 
 
 def _on_timer(old: Any, expiry: int) -> tuple[tuple[int, int, int] | None, int]:
     """New state (``None``: cleared) and the row's ``n`` when the timer at ``expiry`` fires:
     the close timer clears the session, the warning counts."""
     n, fired, latest = old if old is not None else (0, 0, -1)
-    if expiry == _ms(latest + 10):
+    if expiry == ms(latest + 10):
         return None, n
     return (n, fired + 1, latest), fired + 1
 
@@ -212,73 +204,7 @@ def _label(offset: int) -> str:
     return {v: k for k, v in OFFSETS.items()}[offset]
 
 
-# -- running both ------------------------------------------------------------------------------
-
-
-def _write(folder: Path, batches: list[list[tuple[str, int]]]) -> None:
-    """One JSON-lines file per batch of (key, seconds after T0), in read order."""
-    folder.mkdir(parents=True, exist_ok=True)
-    base = time.time() - 1000
-    for i, rows in enumerate(batches):
-        lines = [
-            json.dumps({"k": k, "t": s, "ts": dt.datetime.fromtimestamp(_ms(s) / 1000, dt.UTC)
-                        .isoformat()})
-            for k, s in rows
-        ]  # fmt: skip
-        tmp = folder / f".{i}.tmp"
-        tmp.write_text("\n".join(lines) + "\n")
-        os.utime(tmp, (base + i, base + i))
-        tmp.rename(folder / f"part-{i:04d}.json")
-
-
-def _stream(spark: SparkSession, folder: Path) -> DataFrame:
-    return spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(folder))
-
-
-def _run(out: DataFrame, tmp: Path, name: str) -> dict[int, Counter[tuple[Any, ...]]]:
-    """Run ``out`` to the end of its input; its rows per batch id, as multisets."""
-    sink = tmp / f"sink-{name}"
-
-    def write(df: DataFrame, batch_id: int) -> None:
-        df.withColumn("batch", F.lit(batch_id)).write.mode("append").parquet(str(sink))
-
-    query = (
-        out.writeStream.foreachBatch(write)
-        .option("checkpointLocation", str(tmp / f"cp-{name}"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    if not query.awaitTermination(90):
-        query.stop()
-        raise AssertionError(f"{name} did not finish")
-    assert query.exception() is None, f"{name} failed: {query.exception()}"
-    batches: dict[int, Counter[tuple[Any, ...]]] = {}
-    for p in query.recentProgress:
-        batches.setdefault(p.batchId, Counter())
-    spark = out.sparkSession
-    if sink.exists():
-        for r in spark.read.parquet(str(sink)).collect():
-            d = r.asDict()
-            batches.setdefault(d.pop("batch"), Counter())[tuple(d.values())] += 1
-    return batches
-
-
-def _spark_tws(
-    spark: SparkSession, tmp: Path, name: str, build: Any, *, no_data: bool = True
-) -> Any:
-    """Run Spark's own operator (RocksDB provider, which its transformWithState needs),
-    with or without no-data micro-batches."""
-    conf = {
-        "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
-        "spark.sql.streaming.noDataMicroBatches.enabled": str(no_data).lower(),
-    }
-    for key, value in conf.items():
-        spark.conf.set(key, value)
-    try:
-        return _run(build(), tmp, name)
-    finally:
-        for key in conf:
-            spark.conf.unset(key)
+# -- reading the state back ------------------------------------------------------------------
 
 
 def _spark_state(spark: SparkSession, checkpoint: Path, var: str) -> dict[str, tuple[int, ...]]:
@@ -320,23 +246,23 @@ EVENT_BATCHES = [
 def test_event_time_timers_agree_with_spark_batch_by_batch(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    _write(tmp_path / "in", EVENT_BATCHES)
+    write_batches(tmp_path / "in", EVENT_BATCHES)
     # statekeeper gets one more file: Spark's trailing no-data batch (wm 35) has no
     # statekeeper counterpart, its timers fire in the next batch with input
-    _write(tmp_path / "in-sk", [*EVENT_BATCHES, [("zz", 36)]])
+    write_batches(tmp_path / "in-sk", [*EVENT_BATCHES, [("zz", 36)]])
 
     def spark_plan() -> DataFrame:
-        df = _stream(spark, tmp_path / "in").withWatermark("ts", "5 seconds")
+        df = stream(spark, tmp_path / "in").withWatermark("ts", "5 seconds")
         return df.groupBy("k").transformWithState(SparkSessions(), EVENT_OUT, "Append", "EventTime")
 
-    theirs = _spark_tws(spark, tmp_path, "spark", spark_plan)
+    theirs = spark_tws(spark, tmp_path, "spark", spark_plan)
     ours_df = transform_with_state(
-        _stream(spark, tmp_path / "in-sk"), keys="k", processor=SkSessions(),
+        stream(spark, tmp_path / "in-sk"), keys="k", processor=SkSessions(),
         output_schema=EVENT_OUT, checkpoint=str(tmp_path / "root"), name="ops", partitions=3,
         time_mode="event_time", event_time_column="ts", watermark_delay=5,
         config=StoreConfig(local_dir=str(tmp_path / "local")),
     )  # fmt: skip
-    ours = _run(ours_df, tmp_path, "sk")
+    ours = run(ours_df, tmp_path, "sk")
 
     data_batches = range(len(EVENT_BATCHES))
     assert sorted(theirs) == [*data_batches, len(EVENT_BATCHES)]  # + Spark's no-data batch
@@ -345,13 +271,13 @@ def test_event_time_timers_agree_with_spark_batch_by_batch(
         assert ours[b] == theirs[b], f"micro-batch {b}"
     # The late rows were dropped on both, the edge cases hit as the comments say.
     assert {r[0] for b in data_batches for r in ours[b]} == set("abcdefghkz")
-    assert ("c", "fire", 2, 25, _ms(25), "[25]") in theirs[3]  # expiry == watermark
-    assert ("k", "fire", 1, 21, _ms(25), "[21, 26]") in theirs[3]  # armed and fired in b3
-    assert ("b", "fire", 3, 24, _ms(25), "[24]") in theirs[3]  # the close, after the warning
+    assert ("c", "fire", 2, 25, ms(25), "[25]") in theirs[3]  # expiry == watermark
+    assert ("k", "fire", 1, 21, ms(25), "[21, 26]") in theirs[3]  # armed and fired in b3
+    assert ("b", "fire", 3, 24, ms(25), "[24]") in theirs[3]  # the close, after the warning
     # Spark's no-data batch fires what statekeeper fires in its next batch with input.
     last = len(EVENT_BATCHES)
     assert theirs[last], "Spark's no-data batch fired no timer: the test lost its point"
-    assert ours[last] - theirs[last] == Counter({("zz", "in", 1, 36, _ms(35), ""): 1})
+    assert ours[last] - theirs[last] == Counter({("zz", "in", 1, 36, ms(35), ""): 1})
     assert theirs[last] - ours[last] == Counter()
 
     spark_values = _spark_state(spark, tmp_path / "cp-spark", "count")
@@ -364,24 +290,24 @@ def test_processing_time_timers_agree_with_spark_where_deterministic(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     batches = [[("p", 0), ("q", 0)], [("r", 0)], [("s", 0)]]
-    _write(tmp_path / "in", batches)
+    write_batches(tmp_path / "in", batches)
 
     def spark_plan() -> DataFrame:
         return (
-            _stream(spark, tmp_path / "in")
+            stream(spark, tmp_path / "in")
             .groupBy("k")
             .transformWithState(SparkRelative(), PROC_OUT, "Append", "ProcessingTime")
         )
 
     # With no-data batches, Spark runs batch after batch while a processing-time timer is
     # registered (availableNow never ends): off, its batches are the files, as ours.
-    theirs = _spark_tws(spark, tmp_path, "spark", spark_plan, no_data=False)
+    theirs = spark_tws(spark, tmp_path, "spark", spark_plan, no_data=False)
     ours_df = transform_with_state(
-        _stream(spark, tmp_path / "in"), keys="k", processor=SkRelative(),
+        stream(spark, tmp_path / "in"), keys="k", processor=SkRelative(),
         output_schema=PROC_OUT, checkpoint=str(tmp_path / "root"), name="ops", partitions=3,
         time_mode="processing_time", config=StoreConfig(local_dir=str(tmp_path / "local")),
     )  # fmt: skip
-    ours = _run(ours_df, tmp_path, "sk")
+    ours = run(ours_df, tmp_path, "sk")
 
     assert sorted(theirs) == sorted(ours) == list(range(len(batches)))
     for b in range(len(batches)):
@@ -456,25 +382,25 @@ class SkSeeded(StatefulProcessor):
 def test_initial_state_agrees_with_spark_batch_by_batch(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    _write(tmp_path / "in", SEED_BATCHES)
+    write_batches(tmp_path / "in", SEED_BATCHES)
     initial = spark.createDataFrame(INITIAL_ROWS, "k string, v long")
 
     def spark_plan() -> DataFrame:
         return (
-            _stream(spark, tmp_path / "in")
+            stream(spark, tmp_path / "in")
             .groupBy("k")
             .transformWithState(
                 SparkSeeded(), SEED_OUT, "Append", "None", initialState=initial.groupBy("k")
             )
         )
 
-    theirs = _spark_tws(spark, tmp_path, "spark", spark_plan)
+    theirs = spark_tws(spark, tmp_path, "spark", spark_plan)
     ours_df = transform_with_state(
-        _stream(spark, tmp_path / "in"), keys="k", processor=SkSeeded(), output_schema=SEED_OUT,
+        stream(spark, tmp_path / "in"), keys="k", processor=SkSeeded(), output_schema=SEED_OUT,
         checkpoint=str(tmp_path / "root"), name="ops", partitions=3, initial_state=initial,
         config=StoreConfig(local_dir=str(tmp_path / "local")),
     )  # fmt: skip
-    ours = _run(ours_df, tmp_path, "sk")
+    ours = run(ours_df, tmp_path, "sk")
 
     assert sorted(theirs) == sorted(ours) == [0, 1, 2]
     for b in range(3):
