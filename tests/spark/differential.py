@@ -71,8 +71,13 @@ def run(out: DataFrame, tmp: Path, name: str) -> dict[int, Counter[tuple[Any, ..
     if sink.exists():
         for r in spark.read.parquet(str(sink)).collect():
             d = r.asDict()
-            batches.setdefault(d.pop("batch"), Counter())[tuple(d.values())] += 1
+            batches.setdefault(d.pop("batch"), Counter())[tuple(map(_hashable, d.values()))] += 1
     return batches
+
+
+def _hashable(value: Any) -> Any:
+    """A map column's ``dict`` as its sorted items, so that rows can be counted."""
+    return tuple(sorted(value.items())) if isinstance(value, dict) else value
 
 
 def spark_tws(

@@ -26,7 +26,9 @@ class StatefulProcessor(abc.ABC):
     **Two forms**, chosen per processor class by the class attribute :attr:`rows`:
 
     * ``rows = "pandas"`` (the default, after ``transformWithStateInPandas``): ``rows`` is a
-      pandas DataFrame of the key's rows.
+      pandas DataFrame of the key's rows, with the values Spark's pandas API gives: a
+      timestamp is naive wall-clock time of the session time zone, a map or a struct is a
+      ``dict``; a timestamp in a DataFrame the processor yields is read the same way.
     * ``rows = "row"`` (after Spark 4.1's Row-based ``transformWithState``): ``rows`` is a
       list of lightweight rows, tuples with named access (``row.v``, ``row["v"]``,
       ``row[1]``, ``row.asDict()``). Several times cheaper per key than a DataFrame.

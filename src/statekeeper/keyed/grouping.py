@@ -36,9 +36,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd  # type: ignore[import-untyped]
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
+from statekeeper.keyed._pandas import frame_of
 from statekeeper.keyed._row_type import build_rows
 from statekeeper.keyed.arrow_keys import encode_keys
 
@@ -101,12 +103,34 @@ class Grouped:
         return [*self.starts.tolist(), self.ordered.num_rows]
 
     def frames(self) -> Iterator[Any]:
-        """One pandas DataFrame per key, in key order: slices of one frame, cut by a pandas
-        groupby on the (already sorted) group numbers, which is cheaper than ``iloc``."""
-        frame = self.ordered.to_pandas()
-        sizes = np.diff(np.asarray(self.bounds()))
+        """One pandas DataFrame per key, in key order: slices of one frame (with Spark's
+        pandas values, :mod:`statekeeper.keyed._pandas`), cut by a pandas groupby on the
+        (already sorted) group numbers, which is cheaper than ``iloc``."""
+        frame = frame_of(self.ordered)
+        bounds = self.bounds()
+        sizes = np.diff(np.asarray(bounds))
         groups = np.repeat(np.arange(len(sizes)), sizes)
-        for _, rows in frame.groupby(groups, sort=False):
+        # pandas has no null for an integer or boolean dtype: a column with a null becomes
+        # float64 (losing integers beyond 2**53) or object. As in Spark, which converts
+        # each key's rows on their own, only the keys with a null get that dtype: the others'
+        # rows of such a column are converted again, by themselves.
+        redo = [
+            (name, column)
+            for name, column in zip(self.ordered.column_names, self.ordered.columns, strict=True)
+            if column.null_count
+            and (pa.types.is_integer(column.type) or pa.types.is_boolean(column.type))
+        ]
+        for i, (_, rows) in enumerate(frame.groupby(groups, sort=False)):
+            if redo:
+                start, size = bounds[i], bounds[i + 1] - bounds[i]
+                parts = {name: column.slice(start, size) for name, column in redo}
+                exact = {
+                    name: pd.Series(part.to_pandas().to_numpy(), index=rows.index)
+                    for name, part in parts.items()
+                    if not part.null_count
+                }
+                if exact:
+                    rows = rows.assign(**exact)
             yield rows
 
     def rows(self) -> Iterator[list[Any]]:

@@ -7,6 +7,10 @@ with three lossless exceptions that pandas makes unavoidable — an all-null col
 cannot type it), a narrower or wider type of the same kind that converts without loss
 (``int64`` values into ``int``, ``string`` into ``large_string``, timestamp units), and
 ``None`` in a nullable column. An ``int`` column for a ``double`` field is an error.
+
+A pandas frame is read as Spark's pandas API reads it (:mod:`statekeeper.keyed._pandas`): a
+naive timestamp is wall-clock time of the session time zone, and a column of dicts fills a
+map.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import pandas as pd  # type: ignore[import-untyped]
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from statekeeper.errors import StateKeeperError
+from statekeeper.keyed._pandas import maps_from_dicts, zoned
 
 __all__ = [
     "OutputSchemaError",
@@ -106,8 +111,12 @@ def conform_frame(frame: Any, schema: Any, where: str) -> Any:
     _check_names([str(c) for c in frame.columns], schema, where)
     arrays = []
     for field in schema:
+        series = frame[field.name]
         try:
-            array = pa.Array.from_pandas(frame[field.name])
+            array = maps_from_dicts(series) if pa.types.is_map(field.type) else None
+            if array is None:
+                array = pa.Array.from_pandas(series)
+            array = zoned(array, field.type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             raise OutputSchemaError(
                 f"{where}: column {field.name!r} cannot be converted to Arrow (declared "

@@ -1,0 +1,148 @@
+"""Differential test of the pandas form: the same processor on Spark's own
+``transformWithStateInPandas`` and on statekeeper's pandas form, over the same file, in a
+session time zone that is not UTC (see :mod:`tests.spark.differential`).
+
+The processor describes the pandas values it receives (each column's values and their
+Python types; the dtype of timestamp columns) and yields values of the kinds a pandas
+processor yields: a naive timestamp, an input timestamp passed back, a map and a struct
+built from dicts. Both must agree on all of it: what is left out by design (Spark's pandas
+form widens ``int`` and ``float`` columns to 64 bits) is the dtype of other columns, see
+:mod:`statekeeper.keyed._pandas`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor as SparkProcessor
+
+from statekeeper import StoreConfig
+from statekeeper.spark import StatefulProcessor, transform_with_state
+from tests.spark import differential
+from tests.spark.differential import run, spark_tws
+from tests.spark.helpers import pickled_by_value
+
+pytestmark = pytest.mark.spark
+
+ZONE = "America/New_York"
+SCHEMA = (
+    "k string, at timestamp, ntz timestamp_ntz, m map<string,int>, st struct<a:int,b:string>, "
+    "n long, day date, amount decimal(10,2)"
+)
+OUT = (
+    "k string, seen string, naive timestamp, back timestamp, m map<string,int>, "
+    "st struct<a:int,b:string>"
+)
+NOON_UTC = dt.datetime(2024, 1, 1, 12, tzinfo=dt.UTC)  # 07:00 in New York
+ROWS = [
+    ("a", NOON_UTC, dt.datetime(2024, 1, 1, 1, 2), {"x": 1}, (1, "s"), 5, dt.date(2024, 1, 1),
+     Decimal("1.25")),
+    ("a", None, None, None, None, None, None, None),
+    ("b", dt.datetime(2024, 7, 1, 12, tzinfo=dt.UTC), None, {}, (None, None), 7, None,
+     Decimal("2.00")),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pickled_by_value() -> Iterator[None]:
+    """Spark's workers cannot import the test modules: the processors travel by value."""
+    with pickled_by_value(sys.modules[__name__]), pickled_by_value(differential):
+        yield
+
+
+def _describe(rows: Any) -> str:
+    """The pandas values of one key's rows, as one comparable string."""
+    seen = {}
+    for column in rows.columns:
+        values = sorted(f"{v!r}:{type(v).__name__}" for v in rows[column].tolist())
+        dtype = str(rows[column].dtype) if column in ("at", "ntz") else ""
+        seen[column] = [dtype, values]
+    return json.dumps(seen, sort_keys=True)
+
+
+def _answer(key: str, rows: Any) -> Any:
+    first = rows.sort_values("at")["at"].iloc[0]
+    return pd.DataFrame(
+        {
+            "k": [key],
+            "seen": [_describe(rows)],
+            "naive": [pd.Timestamp("2024-01-01 12:00")],  # wall-clock time in the session zone
+            "back": [first],
+            "m": [{"a": 1, "b": None}],
+            "st": [{"a": 2, "b": "t"}],
+        }
+    )
+
+
+class SparkDescribe(SparkProcessor):
+    def init(self, handle: Any) -> None:
+        pass
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Any]:
+        yield _answer(key[0], pd.concat(list(rows), ignore_index=True))
+
+    def close(self) -> None:
+        pass
+
+
+class SkDescribe(StatefulProcessor):
+    def init(self, handle: Any) -> None:
+        pass
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        yield _answer(key[0], rows.reset_index(drop=True))
+
+
+@pytest.fixture
+def new_york(spark: SparkSession) -> Iterator[None]:
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", ZONE)
+    try:
+        yield
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+
+
+@pytest.mark.usefixtures("new_york")
+def test_pandas_values_agree_with_spark_both_ways(spark: SparkSession, tmp_path: Path) -> None:
+    spark.createDataFrame(ROWS, SCHEMA).write.parquet(str(tmp_path / "in"))
+
+    def source() -> DataFrame:
+        return spark.readStream.schema(SCHEMA).parquet(str(tmp_path / "in"))
+
+    def spark_plan() -> DataFrame:
+        return (
+            source().groupBy("k").transformWithStateInPandas(SparkDescribe(), OUT, "Append", "None")
+        )
+
+    theirs = spark_tws(spark, tmp_path, "spark", spark_plan, no_data=False)
+    ours_df = transform_with_state(
+        source(), keys="k", processor=SkDescribe(), output_schema=OUT,
+        checkpoint=str(tmp_path / "root"), name="ops", partitions=2,
+        config=StoreConfig(local_dir=str(tmp_path / "local")),
+    )  # fmt: skip
+    ours = run(ours_df, tmp_path, "sk")
+
+    assert sorted(theirs) == sorted(ours) == [0]
+    assert ours[0] == theirs[0]
+    # What Spark does, so that the test keeps its point: a timestamp arrives naive, as
+    # wall-clock time in New York, and a naive one written is read in New York too.
+    rows = {row[0]: row for row in theirs[0]}
+    seen_a = json.loads(rows["a"][1])
+    assert seen_a["at"] == [
+        "datetime64[ns]",
+        ["NaT:NaTType", "Timestamp('2024-01-01 07:00:00'):Timestamp"],
+    ]
+    assert seen_a["m"][1] == ["None:NoneType", "{'x': 1}:dict"]
+    assert seen_a["st"][1] == ["None:NoneType", "{'a': 1, 'b': 's'}:dict"]
+    naive, back = rows["a"][2], rows["a"][3]
+    assert naive - back == dt.timedelta(hours=5)  # 12:00 New York is 17:00 UTC, back 12:00 UTC
