@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import itertools
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pandas as pd
@@ -129,3 +132,32 @@ def test_a_bad_row_is_named_by_its_column(row: Any, message: str) -> None:
     writer = OutputWriter(schema, "here")
     with pytest.raises(OutputSchemaError, match=message):
         list(itertools.chain(writer.extend([row]), writer.flush()))
+
+
+@pytest.fixture
+def worker_in_new_york(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process's local time zone is New York's (as a worker's ``TZ`` may be)."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.usefixtures("worker_in_new_york")
+def test_a_naive_datetime_in_a_row_is_local_time_of_the_worker() -> None:
+    # Spark's Row-based API converts with datetime.astimezone: naive means process-local.
+    schema = pa.schema([("at", pa.timestamp("us", "Europe/Paris")), ("n", pa.int64())])
+    writer = OutputWriter(schema, "here")
+    naive = dt.datetime(2024, 1, 1, 12)
+    aware = dt.datetime(2024, 1, 1, 12, tzinfo=dt.UTC)
+    batches = list(writer.extend([(naive, 1), (aware, 2), (pd.Timestamp(naive), 3), (None, 4)]))
+    batches += list(writer.flush())
+    (batch,) = batches
+    in_utc = batch.column("at").cast(pa.timestamp("us", "UTC")).to_pylist()
+    assert in_utc == [
+        dt.datetime(2024, 1, 1, 17, tzinfo=dt.UTC),  # 12:00 in New York
+        aware,
+        dt.datetime(2024, 1, 1, 17, tzinfo=dt.UTC),
+        None,
+    ]

@@ -36,7 +36,8 @@ class StatefulProcessor(abc.ABC):
     In both forms ``handle_input_rows`` yields output rows as tuples (by position, in the
     order of ``output_schema``), ``pyspark.sql.Row``\\ s or namedtuples (by field name), or
     dicts (by key); the pandas form may also yield DataFrames. Rows are collected column by
-    column into Arrow batches, without a DataFrame per key.
+    column into Arrow batches, without a DataFrame per key. A naive ``datetime`` in a row is
+    local time of the worker process, as in Spark's Row-based API.
 
     A micro-batch may be re-run (task retry, query restart); its state changes must then be
     the same, so a processor must be deterministic for a given input: measure time with

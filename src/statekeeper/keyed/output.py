@@ -10,11 +10,13 @@ cannot type it), a narrower or wider type of the same kind that converts without
 
 A pandas frame is read as Spark's pandas API reads it (:mod:`statekeeper.keyed._pandas`): a
 naive timestamp is wall-clock time of the session time zone, and a column of dicts fills a
-map.
+map. Rows are read as Spark's Row-based API reads them: a naive ``datetime`` in a timestamp
+column is local time of the Python worker's process (its ``TZ``).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -163,6 +165,8 @@ def rows_to_batch(rows: list[tuple[Any, ...]], schema: Any, where: str) -> Any:
         )
     arrays = []
     for field, values in zip(schema, zip(*rows, strict=True), strict=True):
+        if pa.types.is_timestamp(field.type) and field.type.tz is not None:
+            values = tuple(map(_naive_as_local, values))
         try:
             array = pa.array(values, type=field.type)
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
@@ -172,6 +176,16 @@ def rows_to_batch(rows: list[tuple[Any, ...]], schema: Any, where: str) -> Any:
             ) from exc
         arrays.append(_conform_array(array, field, where))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _naive_as_local(value: Any) -> Any:
+    """A naive ``datetime`` as the instant it names in this process's local time zone, as
+    Spark's Row-based API reads one (``astimezone``); anything else unchanged."""
+    if isinstance(value, dt.datetime) and value.tzinfo is None:
+        if isinstance(value, pd.Timestamp):
+            value = value.to_pydatetime()
+        return value.astimezone(dt.UTC)
+    return value
 
 
 class OutputWriter:
