@@ -7,7 +7,9 @@ Python types; the dtype of timestamp columns) and yields values of the kinds a p
 processor yields: a naive timestamp, an input timestamp passed back, a map and a struct
 built from dicts. Both must agree on all of it: what is left out by design (Spark's pandas
 form widens ``int`` and ``float`` columns to 64 bits) is the dtype of other columns, see
-:mod:`statekeeper.keyed._pandas`.
+:mod:`statekeeper.keyed._pandas`. Then the event-time sessions of
+:mod:`tests.spark.test_timers_vs_spark` run in the pandas form on both: timers, watermarks
+and late rows agree batch by batch there too.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -27,9 +30,17 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor as SparkP
 
 from statekeeper import StoreConfig
 from statekeeper.spark import StatefulProcessor, transform_with_state
-from tests.spark import differential
-from tests.spark.differential import run, spark_tws
+from tests.spark import differential, test_timers_vs_spark
+from tests.spark.differential import ms, run, spark_tws, stream, write_batches
 from tests.spark.helpers import pickled_by_value
+from tests.spark.test_timers_vs_spark import (
+    EVENT_BATCHES,
+    EVENT_OUT,
+    STATE,
+    _on_rows,
+    _on_timer,
+    _seconds,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -55,7 +66,11 @@ ROWS = [
 @pytest.fixture(scope="module", autouse=True)
 def _pickled_by_value() -> Iterator[None]:
     """Spark's workers cannot import the test modules: the processors travel by value."""
-    with pickled_by_value(sys.modules[__name__]), pickled_by_value(differential):
+    with (
+        pickled_by_value(sys.modules[__name__]),
+        pickled_by_value(differential),
+        pickled_by_value(test_timers_vs_spark),
+    ):
         yield
 
 
@@ -146,3 +161,99 @@ def test_pandas_values_agree_with_spark_both_ways(spark: SparkSession, tmp_path:
     assert seen_a["st"][1] == ["None:NoneType", "{'a': 1, 'b': 's'}:dict"]
     naive, back = rows["a"][2], rows["a"][3]
     assert naive - back == dt.timedelta(hours=5)  # 12:00 New York is 17:00 UTC, back 12:00 UTC
+
+
+# -- timers: the event-time sessions of test_timers_vs_spark, in the pandas form -------------
+
+
+class SparkPandasSessions(SparkProcessor):
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.state = handle.getValueState("count", STATE)
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Any]:
+        times = [int(t) for frame in rows for t in frame["t"]]
+        new, timers = _on_rows(self.state.get(), times)
+        self.state.update(new)
+        for old in list(self.handle.listTimers()):
+            self.handle.deleteTimer(old)
+        for at in timers:
+            self.handle.registerTimer(at)
+        wm = timerValues.getCurrentWatermarkInMs()
+        yield _session_row(key[0], "in", new[0], max(times), wm, "")
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Any:
+        expiry = expiredTimerInfo.getExpiryTimeInMs()
+        seen = sorted(_seconds(t) for t in self.handle.listTimers())
+        new, n = _on_timer(self.state.get(), expiry)
+        if new is None:
+            self.state.clear()
+        else:
+            self.state.update(new)
+        wm = timerValues.getCurrentWatermarkInMs()
+        yield _session_row(key[0], "fire", n, _seconds(expiry), wm, str(seen))
+
+    def close(self) -> None:
+        pass
+
+
+class SkPandasSessions(StatefulProcessor):
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.state = handle.value_state("count")
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        times = [int(t) for t in rows["t"]]
+        new, timers = _on_rows(self.state.get(), times)
+        self.state.update(new)
+        for old in self.handle.list_timers():
+            self.handle.delete_timer(old)
+        for at in timers:
+            self.handle.register_timer(at)
+        wm = self.handle.timer_values.watermark_ms
+        yield _session_row(key[0], "in", new[0], max(times), wm, "")
+
+    def handle_expired_timer(self, key: Any, timer_values: Any, expired_timer_info: Any) -> Any:
+        expiry = expired_timer_info.get_expiry_time_in_ms()
+        seen = sorted(_seconds(t) for t in self.handle.list_timers())
+        new, n = _on_timer(self.state.get(), expiry)
+        if new is None:
+            self.state.clear()
+        else:
+            self.state.update(new)
+        wm = timer_values.get_current_watermark_in_ms()
+        yield _session_row(key[0], "fire", n, _seconds(expiry), wm, str(seen))
+
+
+def _session_row(k: str, what: str, n: int, at: int, wm: int, timers: str) -> Any:
+    return pd.DataFrame({"k": [k], "what": [what], "n": [n], "at": [at], "wm": [wm],
+                         "timers": [timers]})  # fmt: skip
+
+
+def test_pandas_event_time_timers_agree_with_spark(spark: SparkSession, tmp_path: Path) -> None:
+    batches = EVENT_BATCHES
+    write_batches(tmp_path / "in", batches)
+    write_batches(tmp_path / "in-sk", [*batches, [("zz", 36)]])  # see test_timers_vs_spark
+
+    def spark_plan() -> DataFrame:
+        df = stream(spark, tmp_path / "in").withWatermark("ts", "5 seconds")
+        return df.groupBy("k").transformWithStateInPandas(
+            SparkPandasSessions(), EVENT_OUT, "Append", "EventTime"
+        )
+
+    theirs = spark_tws(spark, tmp_path, "spark", spark_plan)
+    ours_df = transform_with_state(
+        stream(spark, tmp_path / "in-sk"), keys="k", processor=SkPandasSessions(),
+        output_schema=EVENT_OUT, checkpoint=str(tmp_path / "root"), name="ops",
+        partitions=3, time_mode="event_time", event_time_column="ts", watermark_delay=5,
+        config=StoreConfig(local_dir=str(tmp_path / "local")),
+    )  # fmt: skip
+    ours = run(ours_df, tmp_path, "sk")
+
+    last = len(batches)
+    assert sorted(theirs) == sorted(ours) == list(range(last + 1))
+    for b in range(last):
+        assert ours[b] == theirs[b], f"micro-batch {b}"
+    assert ("b", "fire", 3, 24, ms(25), "[24]") in theirs[3]  # the close, after the warning
+    assert ours[last] - theirs[last] == Counter({("zz", "in", 1, 36, ms(35), ""): 1})
+    assert theirs[last] - ours[last] == Counter()
