@@ -23,7 +23,11 @@ Not mirrored: Spark's pandas form rebuilds each key's frame from Python rows, so
 dtypes depend on the data (an ``int`` or ``tinyint`` column arrives as ``int64``, a
 ``float`` one as ``float64``); here each column keeps the dtype of its Spark type, as in
 Spark's other pandas UDFs. Nested timestamps in *output* are converted by Arrow: give them a
-time zone (a naive one is read as UTC).
+time zone (a naive one is read as UTC). The grouping key passed to the handlers holds the
+same Python values in both forms, a timestamp as a zoned ``datetime``, in input and in timer
+calls alike; Spark's pandas form passes a naive ``pd.Timestamp`` to ``handleInputRows`` and
+a naive ``datetime`` to ``handleExpiredTimer`` (its Row form: a zoned one, then a naive UTC
+one).
 """
 
 from __future__ import annotations
