@@ -75,6 +75,10 @@ def test_numpy_and_pandas_values_are_stored_as_python_values() -> None:
     stamp = pd.Timestamp("2024-05-01 12:00:00.123456789")
     assert codec.decode(codec.encode(stamp)) == dt.datetime(2024, 5, 1, 12, 0, 0, 123456)
     assert codec.decode(codec.encode([np.int32(1), Decimal("1.5")])) == [1, Decimal("1.5")]
+    # A missing time is None (it read back as 0001-01-01 before), also inside a value.
+    assert codec.decode(codec.encode(pd.NaT)) is None
+    assert codec.decode(codec.encode((3, pd.NaT))) == (3, None)
+    assert codec.decode(codec.encode(np.datetime64("NaT"))) is None
 
 
 def test_the_default_codec_never_unpickles() -> None:

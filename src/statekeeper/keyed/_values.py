@@ -4,8 +4,9 @@ The default codec (:class:`DefaultCodec`) writes a format byte (``0x01``) and th
 binary form of JSON-like values: ``None``, ``bool``, ``int`` (any size), ``float``, ``str``,
 ``bytes``, ``list``, ``tuple``, ``dict`` (keys of any supported hashable type),
 ``datetime``, ``date``, ``time``, ``timedelta`` and ``Decimal``; numpy scalars are stored as
-the Python values they stand for. Decoding never executes code. A reader that meets a format
-byte it does not know refuses with a clear error instead of guessing.
+the Python values they stand for, and pandas' ``NaT`` (a missing time) as ``None``. Decoding
+never executes code. A reader that meets a format byte it does not know refuses with a clear
+error instead of guessing.
 
 :class:`PickleCodec` (format byte ``0x80``) stores any picklable object. Unpickling runs
 code chosen by whoever wrote the bytes, so it is used only by handles that name it.
@@ -245,6 +246,8 @@ def _encode_other(value: Any, out: bytearray, depth: int) -> None:
         out.append(_BYTES)
         varint(len(raw), out)
         out += raw
+    elif isinstance(value, dt.datetime) and value != value:
+        out.append(_NONE)  # pandas' NaT: a missing time, as a null field is in Spark
     elif isinstance(value, dt.datetime | dt.date | dt.time):
         _encode_temporal(value, out)
     elif isinstance(value, dt.timedelta):
