@@ -151,7 +151,8 @@ def test_a_naive_datetime_in_a_row_is_local_time_of_the_worker() -> None:
     writer = OutputWriter(schema, "here")
     naive = dt.datetime(2024, 1, 1, 12)
     aware = dt.datetime(2024, 1, 1, 12, tzinfo=dt.UTC)
-    batches = list(writer.extend([(naive, 1), (aware, 2), (pd.Timestamp(naive), 3), (None, 4)]))
+    rows = [(naive, 1), (aware, 2), (pd.Timestamp(naive), 3), (None, 4), (pd.NaT, 5)]
+    batches = list(writer.extend(rows))
     batches += list(writer.flush())
     (batch,) = batches
     in_utc = batch.column("at").cast(pa.timestamp("us", "UTC")).to_pylist()
@@ -159,5 +160,6 @@ def test_a_naive_datetime_in_a_row_is_local_time_of_the_worker() -> None:
         dt.datetime(2024, 1, 1, 17, tzinfo=dt.UTC),  # 12:00 in New York
         aware,
         dt.datetime(2024, 1, 1, 17, tzinfo=dt.UTC),
+        None,
         None,
     ]

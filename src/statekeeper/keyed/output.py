@@ -180,8 +180,11 @@ def rows_to_batch(rows: list[tuple[Any, ...]], schema: Any, where: str) -> Any:
 
 def _naive_as_local(value: Any) -> Any:
     """A naive ``datetime`` as the instant it names in this process's local time zone, as
-    Spark's Row-based API reads one (``astimezone``); anything else unchanged."""
+    Spark's Row-based API reads one (``astimezone``); pandas' ``NaT`` as ``None``; anything
+    else unchanged."""
     if isinstance(value, dt.datetime) and value.tzinfo is None:
+        if value != value:  # NaT
+            return None
         if isinstance(value, pd.Timestamp):
             value = value.to_pydatetime()
         return value.astimezone(dt.UTC)
