@@ -79,6 +79,11 @@ def test_numpy_and_pandas_values_are_stored_as_python_values() -> None:
     assert codec.decode(codec.encode(pd.NaT)) is None
     assert codec.decode(codec.encode((3, pd.NaT))) == (3, None)
     assert codec.decode(codec.encode(np.datetime64("NaT"))) is None
+    # numpy times in nanoseconds (a pandas column's .values) are times, not ints
+    at = pd.Series([pd.Timestamp("2024-05-01 12:00:00.000001")]).to_numpy()[0]
+    assert codec.decode(codec.encode(at)) == dt.datetime(2024, 5, 1, 12, 0, 0, 1)
+    took = np.timedelta64(1500, "ns")
+    assert codec.decode(codec.encode(took)) == dt.timedelta(microseconds=1)
 
 
 def test_the_default_codec_never_unpickles() -> None:

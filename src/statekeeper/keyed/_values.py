@@ -4,9 +4,10 @@ The default codec (:class:`DefaultCodec`) writes a format byte (``0x01``) and th
 binary form of JSON-like values: ``None``, ``bool``, ``int`` (any size), ``float``, ``str``,
 ``bytes``, ``list``, ``tuple``, ``dict`` (keys of any supported hashable type),
 ``datetime``, ``date``, ``time``, ``timedelta`` and ``Decimal``; numpy scalars are stored as
-the Python values they stand for, and pandas' ``NaT`` (a missing time) as ``None``. Decoding
-never executes code. A reader that meets a format byte it does not know refuses with a clear
-error instead of guessing.
+the Python values they stand for (a numpy time in nanoseconds as a ``datetime`` or
+``timedelta``, truncated to microseconds, as a pandas ``Timestamp`` is), and pandas' ``NaT``
+(a missing time) as ``None``. Decoding never executes code. A reader that meets a format byte
+it does not know refuses with a clear error instead of guessing.
 
 :class:`PickleCodec` (format byte ``0x80``) stores any picklable object. Unpickling runs
 code chosen by whoever wrote the bytes, so it is used only by handles that name it.
@@ -290,7 +291,11 @@ def _encode_coerced(value: Any, out: bytearray, depth: int) -> None:
     elif isinstance(value, list | tuple | dict):
         _encode_container(value, out, depth)
     elif type(value).__module__ == "numpy" and hasattr(value, "item") and depth < _MAX_DEPTH:
-        _encode(value.item(), out, depth + 1)
+        item = value.item()
+        kind = getattr(getattr(value, "dtype", None), "kind", "")
+        if isinstance(item, int) and kind in ("m", "M"):  # a time finer than µs: item() is int
+            item = value.astype(f"{kind}8[us]").item()
+        _encode(item, out, depth + 1)
     else:
         raise TypeError(
             f"the default state codec cannot store a {type(value).__name__}: use None, bool, "
