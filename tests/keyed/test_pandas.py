@@ -30,6 +30,7 @@ def _table() -> pa.Table:
             "ntz": pa.array([dt.datetime(2024, 1, 1, 1, 2)] * 4, pa.timestamp("us")),
             "far": pa.array([dt.datetime(3000, 1, 1, tzinfo=UTC)] * 4, ZONED),
             "n": pa.array([1, None, 3, 4], pa.int64()),
+            "took": pa.array([dt.timedelta(seconds=1), None, None, None], pa.duration("us")),
             "d": pa.array([Decimal("1.25")] * 4, pa.decimal128(10, 2)),
             "st": pa.array(
                 [{"a": 1, "at": NOON_UTC}, None, {"a": None, "at": JULY_UTC}, {"a": 3}], ITEM
@@ -55,6 +56,8 @@ def test_values_arrive_as_sparks_pandas_api_gives_them() -> None:
     # beyond the nanosecond range: microseconds, the batch does not fail
     assert str(frame["far"].dtype) == "datetime64[us]"
     assert frame["far"][0] == pd.Timestamp("2999-12-31 19:00")
+    assert str(frame["took"].dtype) == "timedelta64[ns]"
+    assert frame["took"][0] == pd.Timedelta(seconds=1)
     # plain columns as before: a long column with a null is float64
     assert str(frame["n"].dtype) == "float64"
     assert frame["d"][0] == Decimal("1.25")

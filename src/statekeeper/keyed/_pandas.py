@@ -8,9 +8,10 @@ that differ from plain ``pyarrow.Table.to_pandas`` are mirrored here:
 
 * **Timestamps** (``TimestampType``, at any depth) arrive as *naive* values of the session
   time zone, the wall-clock time there (Spark's Arrow batches carry that zone, so it is the
-  column's own). Top-level timestamp columns (with or without a zone) are ``datetime64[ns]``;
-  one holding a value that nanoseconds cannot represent (before 1677 or after 2262) stays in
-  microseconds instead of failing the batch.
+  column's own). Top-level timestamp columns (with or without a zone) are ``datetime64[ns]``
+  and day-time intervals ``timedelta64[ns]``; one holding a value that nanoseconds cannot
+  represent (a time before 1677 or after 2262) stays in microseconds instead of failing the
+  batch.
 * An integer or boolean column becomes ``float64`` or ``object`` (pandas has no null for
   them) only for the keys whose rows hold a null, as Spark converts each key's rows on their
   own (:meth:`statekeeper.keyed.grouping.Grouped.frames`).
@@ -53,8 +54,8 @@ def frame_of(table: Any) -> Any:
                 integer_object_nulls=True, maps_as_pydicts="lossy", date_as_object=True,
                 coerce_temporal_nanoseconds=True,
             )  # fmt: skip
-        elif pa.types.is_timestamp(kind):
-            if kind.tz is not None:
+        elif pa.types.is_timestamp(kind) or pa.types.is_duration(kind):
+            if pa.types.is_timestamp(kind) and kind.tz is not None:
                 column = pc.local_timestamp(column)
             try:
                 series = column.to_pandas(coerce_temporal_nanoseconds=True)
