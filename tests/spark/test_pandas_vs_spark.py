@@ -37,8 +37,8 @@ from tests.spark.test_timers_vs_spark import (
     EVENT_BATCHES,
     EVENT_OUT,
     STATE,
+    _fire,
     _on_rows,
-    _on_timer,
     _seconds,
 )
 
@@ -184,14 +184,9 @@ class SparkPandasSessions(SparkProcessor):
 
     def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Any:
         expiry = expiredTimerInfo.getExpiryTimeInMs()
-        seen = sorted(_seconds(t) for t in self.handle.listTimers())
-        new, n = _on_timer(self.state.get(), expiry)
-        if new is None:
-            self.state.clear()
-        else:
-            self.state.update(new)
+        n, seen = _fire(self.state, self.handle.listTimers(), expiry)
         wm = timerValues.getCurrentWatermarkInMs()
-        yield _session_row(key[0], "fire", n, _seconds(expiry), wm, str(seen))
+        yield _session_row(key[0], "fire", n, _seconds(expiry), wm, seen)
 
     def close(self) -> None:
         pass
@@ -215,14 +210,9 @@ class SkPandasSessions(StatefulProcessor):
 
     def handle_expired_timer(self, key: Any, timer_values: Any, expired_timer_info: Any) -> Any:
         expiry = expired_timer_info.get_expiry_time_in_ms()
-        seen = sorted(_seconds(t) for t in self.handle.list_timers())
-        new, n = _on_timer(self.state.get(), expiry)
-        if new is None:
-            self.state.clear()
-        else:
-            self.state.update(new)
+        n, seen = _fire(self.state, self.handle.list_timers(), expiry)
         wm = timer_values.get_current_watermark_in_ms()
-        yield _session_row(key[0], "fire", n, _seconds(expiry), wm, str(seen))
+        yield _session_row(key[0], "fire", n, _seconds(expiry), wm, seen)
 
 
 def _session_row(k: str, what: str, n: int, at: int, wm: int, timers: str) -> Any:

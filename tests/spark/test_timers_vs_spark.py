@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,13 +73,17 @@ def _on_rows(old: Any, times: list[int]) -> tuple[tuple[int, int, int], list[int
     return (n + len(times), fired, latest), [ms(latest + 10), ms(latest + 5)]
 
 
-def _on_timer(old: Any, expiry: int) -> tuple[tuple[int, int, int] | None, int]:
-    """New state (``None``: cleared) and the row's ``n`` when the timer at ``expiry`` fires:
-    the close timer clears the session, the warning counts."""
-    n, fired, latest = old if old is not None else (0, 0, -1)
+def _fire(state: Any, timers: Iterable[int], expiry: int) -> tuple[int, str]:
+    """Fire the timer at ``expiry`` of the session in ``state`` (a value state of Spark's or
+    of ours: both get, update and clear), whose key has ``timers`` registered: the close
+    timer clears the session, the warning counts. Returns the row's ``n`` and the timers."""
+    seen = str(sorted(_seconds(t) for t in timers))
+    n, fired, latest = state.get() or (0, 0, -1)
     if expiry == ms(latest + 10):
-        return None, n
-    return (n, fired + 1, latest), fired + 1
+        state.clear()
+        return n, seen
+    state.update((n, fired + 1, latest))
+    return fired + 1, seen
 
 
 def _seconds(ms: int) -> int:
@@ -106,14 +110,9 @@ class SparkSessions(SparkProcessor):
 
     def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Any:
         expiry = expiredTimerInfo.getExpiryTimeInMs()
-        seen = sorted(_seconds(t) for t in self.handle.listTimers())
-        new, n = _on_timer(self.state.get(), expiry)
-        if new is None:
-            self.state.clear()
-        else:
-            self.state.update(new)
+        n, seen = _fire(self.state, self.handle.listTimers(), expiry)
         wm = timerValues.getCurrentWatermarkInMs()
-        yield Row(k=key[0], what="fire", n=n, at=_seconds(expiry), wm=wm, timers=str(seen))
+        yield Row(k=key[0], what="fire", n=n, at=_seconds(expiry), wm=wm, timers=seen)
 
     def close(self) -> None:
         pass
@@ -140,14 +139,9 @@ class SkSessions(StatefulProcessor):
 
     def handle_expired_timer(self, key: Any, timer_values: Any, expired_timer_info: Any) -> Any:
         expiry = expired_timer_info.get_expiry_time_in_ms()
-        seen = sorted(_seconds(t) for t in self.handle.list_timers())
-        new, n = _on_timer(self.state.get(), expiry)
-        if new is None:
-            self.state.clear()
-        else:
-            self.state.update(new)
+        n, seen = _fire(self.state, self.handle.list_timers(), expiry)
         wm = timer_values.get_current_watermark_in_ms()
-        yield (key[0], "fire", n, _seconds(expiry), wm, str(seen))
+        yield (key[0], "fire", n, _seconds(expiry), wm, seen)
 
 
 # -- the processor logic, shared: timers relative to the batch timestamp ---------------------
