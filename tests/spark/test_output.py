@@ -152,6 +152,7 @@ def test_a_naive_datetime_in_a_row_is_local_time_of_the_worker() -> None:
     naive = dt.datetime(2024, 1, 1, 12)
     aware = dt.datetime(2024, 1, 1, 12, tzinfo=dt.UTC)
     rows = [(naive, 1), (aware, 2), (pd.Timestamp(naive), 3), (None, 4), (pd.NaT, 5)]
+    rows.append((dt.datetime.min, 6))  # no local time before it: read as UTC, not a failure
     batches = list(writer.extend(rows))
     batches += list(writer.flush())
     (batch,) = batches
@@ -162,4 +163,5 @@ def test_a_naive_datetime_in_a_row_is_local_time_of_the_worker() -> None:
         dt.datetime(2024, 1, 1, 17, tzinfo=dt.UTC),
         None,
         None,
+        dt.datetime.min.replace(tzinfo=dt.UTC),
     ]

@@ -165,11 +165,11 @@ def rows_to_batch(rows: list[tuple[Any, ...]], schema: Any, where: str) -> Any:
         )
     arrays = []
     for field, values in zip(schema, zip(*rows, strict=True), strict=True):
-        if pa.types.is_timestamp(field.type) and field.type.tz is not None:
-            values = tuple(map(_naive_as_local, values))
         try:
+            if pa.types.is_timestamp(field.type) and field.type.tz is not None:
+                values = tuple(map(_naive_as_local, values))
             array = pa.array(values, type=field.type)
-        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+        except (pa.ArrowException, TypeError, ValueError, OverflowError, OSError) as exc:
             raise OutputSchemaError(
                 f"{where}: column {field.name!r} (declared {field.type}) cannot hold a value "
                 f"emitted for it: {exc}"
@@ -180,14 +180,18 @@ def rows_to_batch(rows: list[tuple[Any, ...]], schema: Any, where: str) -> Any:
 
 def _naive_as_local(value: Any) -> Any:
     """A naive ``datetime`` as the instant it names in this process's local time zone, as
-    Spark's Row-based API reads one (``astimezone``); pandas' ``NaT`` as ``None``; anything
-    else unchanged."""
+    Spark's Row-based API reads one (``astimezone``), or as UTC where that has no answer (at
+    the ends of the calendar, ``datetime.min`` say, where Spark fails the batch); pandas'
+    ``NaT`` as ``None``; anything else unchanged."""
     if isinstance(value, dt.datetime) and value.tzinfo is None:
         if value != value:  # NaT
             return None
         if isinstance(value, pd.Timestamp):
             value = value.to_pydatetime()
-        return value.astimezone(dt.UTC)
+        try:
+            return value.astimezone(dt.UTC)
+        except (OverflowError, ValueError, OSError):
+            return value.replace(tzinfo=dt.UTC)
     return value
 
 
