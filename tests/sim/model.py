@@ -179,19 +179,29 @@ class Model:
         now may return (see :meth:`observe`)."""
         return {v: list(cands) for v, cands in self.cands.items()}
 
+    def attempts_so_far(self) -> int:
+        """How many attempts exist: at a read's start, those after it began during the read
+        (see :meth:`observe`)."""
+        return len(self.attempts)
+
     def observe(
         self,
         version: int,
         state: State,
         who: str,
         at_start: dict[int, list[Attempt]] | None = None,
+        begun: int | None = None,
     ) -> None:
         """A store opened at ``version`` holds ``state``; ``at_start`` are the candidates
-        when the open began (:meth:`candidates`).
+        when the open began (:meth:`candidates`), ``begun`` the number of attempts then
+        (:meth:`attempts_so_far`).
 
         A newer attempt may replace a version while a read of it runs (§5.4): the read then
-        returns the content that was the version when it began, which says nothing about
-        the version now. Content that was not a candidate when the read began is a violation.
+        returns the content that was the version at some moment of the read, which says
+        nothing about the version now: the content of its start, or of an attempt that
+        began and was acknowledged during the read (a reader that finds no version 1 when it
+        starts, then the first attempt's manifest, whose re-run replaces it before the read
+        ends). Any other content that is no candidate now is a violation.
 
         Raises:
             InvariantViolation: no attempt that may hold ``version`` has that content (§5.2).
@@ -202,6 +212,11 @@ class Model:
             before = [c for c in at_start.get(version, []) if c.state == state]
             if before and all(c.status == "acked" for c in before):
                 return  # replaced during the read: content of its start, no news now
+        if not matching and begun is not None:
+            during = self.attempts[begun:]
+            if any(c.version == version and c.state == state and c.status == "acked"
+                   for c in during):  # fmt: skip
+                return  # won the version during the read, replaced before it ended
         if not matching:
             raise InvariantViolation(
                 f"{who} opened version {version} and read {render(state)}, which no commit of "
