@@ -44,6 +44,7 @@ def write_batches(folder: Path, batches: list[list[tuple[str, int]]]) -> None:
 
 
 def stream(spark: SparkSession, folder: Path) -> DataFrame:
+    """The files of ``folder`` as a stream of :data:`SCHEMA`, one file per micro-batch."""
     return spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(folder))
 
 
