@@ -38,8 +38,8 @@ from tests.spark.test_timers_vs_spark import (
     EVENT_BATCHES,
     EVENT_OUT,
     STATE,
+    _arm,
     _fire,
-    _on_rows,
     _seconds,
 )
 
@@ -174,14 +174,10 @@ class SparkPandasSessions(SparkProcessor):
 
     def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Any]:
         times = [int(t) for frame in rows for t in frame["t"]]
-        new, timers = _on_rows(self.state.get(), times)
-        self.state.update(new)
-        for old in list(self.handle.listTimers()):
-            self.handle.deleteTimer(old)
-        for at in timers:
-            self.handle.registerTimer(at)
+        h = self.handle
+        n = _arm(self.state, times, h.listTimers(), h.deleteTimer, h.registerTimer)
         wm = timerValues.getCurrentWatermarkInMs()
-        yield _session_row(key[0], "in", new[0], max(times), wm, "")
+        yield _session_row(key[0], "in", n, max(times), wm, "")
 
     def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Any:
         expiry = expiredTimerInfo.getExpiryTimeInMs()
@@ -200,14 +196,10 @@ class SkPandasSessions(StatefulProcessor):
 
     def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
         times = [int(t) for t in rows["t"]]
-        new, timers = _on_rows(self.state.get(), times)
-        self.state.update(new)
-        for old in self.handle.list_timers():
-            self.handle.delete_timer(old)
-        for at in timers:
-            self.handle.register_timer(at)
+        h = self.handle
+        n = _arm(self.state, times, h.list_timers(), h.delete_timer, h.register_timer)
         wm = self.handle.timer_values.watermark_ms
-        yield _session_row(key[0], "in", new[0], max(times), wm, "")
+        yield _session_row(key[0], "in", n, max(times), wm, "")
 
     def handle_expired_timer(self, key: Any, timer_values: Any, expired_timer_info: Any) -> Any:
         expiry = expired_timer_info.get_expiry_time_in_ms()

@@ -65,12 +65,20 @@ def _pickled_by_value() -> Iterator[None]:
 # -- the processor logic, shared: sessions of event time ------------------------------------
 
 
-def _on_rows(old: Any, times: list[int]) -> tuple[tuple[int, int, int], list[int]]:
-    """New state ``(n, fired, latest)`` and the timers to arm (a warning at latest + 5 s, the
-    close at latest + 10 s) after a key's rows (seconds after T0)."""
+def _arm(state: Any, times: list[int], timers: Iterable[int], delete: Any, register: Any) -> int:
+    """Count a key's rows (seconds after T0) into the session ``(n, fired, latest)`` in
+    ``state`` (a value state of Spark's or of ours) and re-arm its timers: ``timers`` those
+    it has, ``delete`` and ``register`` the handle's calls. Arms a warning at latest + 5 s
+    and the close at latest + 10 s; returns the new ``n``."""
+    old = state.get()
     n, fired = (old[0], old[1]) if old is not None else (0, 0)
     latest = max(times)
-    return (n + len(times), fired, latest), [ms(latest + 10), ms(latest + 5)]
+    state.update((n + len(times), fired, latest))
+    for at in list(timers):
+        delete(at)
+    for at in (ms(latest + 10), ms(latest + 5)):
+        register(at)
+    return n + len(times)
 
 
 def _fire(state: Any, timers: Iterable[int], expiry: int) -> tuple[int, str]:
@@ -99,14 +107,10 @@ class SparkSessions(SparkProcessor):
 
     def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Any]:
         times = [r.t for r in rows]
-        new, timers = _on_rows(self.state.get(), times)
-        self.state.update(new)
-        for old in list(self.handle.listTimers()):
-            self.handle.deleteTimer(old)
-        for at in timers:
-            self.handle.registerTimer(at)
+        h = self.handle
+        n = _arm(self.state, times, h.listTimers(), h.deleteTimer, h.registerTimer)
         wm = timerValues.getCurrentWatermarkInMs()
-        yield Row(k=key[0], what="in", n=new[0], at=max(times), wm=wm, timers="")
+        yield Row(k=key[0], what="in", n=n, at=max(times), wm=wm, timers="")
 
     def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Any:
         expiry = expiredTimerInfo.getExpiryTimeInMs()
@@ -129,13 +133,9 @@ class SkSessions(StatefulProcessor):
 
     def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
         times = [r.t for r in rows]
-        new, timers = _on_rows(self.state.get(), times)
-        self.state.update(new)
-        for old in self.handle.list_timers():
-            self.handle.delete_timer(old)
-        for at in timers:
-            self.handle.register_timer(at)
-        yield (key[0], "in", new[0], max(times), self.handle.timer_values.watermark_ms, "")
+        h = self.handle
+        n = _arm(self.state, times, h.list_timers(), h.delete_timer, h.register_timer)
+        yield (key[0], "in", n, max(times), self.handle.timer_values.watermark_ms, "")
 
     def handle_expired_timer(self, key: Any, timer_values: Any, expired_timer_info: Any) -> Any:
         expiry = expired_timer_info.get_expiry_time_in_ms()

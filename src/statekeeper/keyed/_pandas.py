@@ -47,7 +47,7 @@ def frame_of(table: Any) -> Any:
     columns = {}
     for name, column in zip(table.column_names, table.columns, strict=True):
         kind = column.type
-        if _nested(kind):
+        if pa.types.is_nested(kind):
             if _has_zone(kind):
                 column = pa.chunked_array([_naive(c) for c in column.chunks], _naive_type(kind))
             series = column.to_pandas(
@@ -106,10 +106,6 @@ def maps_from_dicts(series: Any) -> Any | None:
     return pa.MapArray.from_arrays(
         pa.array(offsets, pa.int32()), pa.array(keys), pa.array(items), mask=pa.array(nulls)
     )
-
-
-def _nested(kind: Any) -> bool:
-    return bool(pa.types.is_nested(kind))
 
 
 def _has_zone(kind: Any) -> bool:
