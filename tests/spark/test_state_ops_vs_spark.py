@@ -212,7 +212,10 @@ def test_random_state_operations_agree_with_spark(spark: SparkSession, tmp_path:
     # comparison covers what it says.
     ran = {op for batch in theirs.values() for (_, _, op, _) in batch}
     assert ran == set(range(-1, OPS))
-    views = [json.loads(v) for batch in theirs.values() for (_, _, _, v) in batch]
-    assert max(len(v["map"][0]) for v in views) >= MAP_KEYS - 1
-    assert any(not v["map"][1] for v in views[1:]) and any(len(v["list"][0]) >= 4 for v in views)
-    assert any(v["value"] == [None, False] for v in views[1:])
+    views = [(op, json.loads(v)) for batch in theirs.values() for (_, _, op, v) in batch]
+    assert max(len(v["map"][0]) for _, v in views) >= MAP_KEYS - 1
+    assert max(len(v["list"][0]) for _, v in views) >= 4
+    # A remove emptied a map, a clear emptied a list and a value.
+    assert any(op == 8 and not v["map"][1] for op, v in views)
+    assert any(op == 6 and not v["list"][1] for op, v in views)
+    assert any(op == 1 and v["value"] == [None, False] for op, v in views)
