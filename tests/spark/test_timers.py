@@ -4,7 +4,9 @@ the watermark in partitions without input; bad arguments fail early."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import io
 import shutil
 import sys
 import time
@@ -233,3 +235,103 @@ def test_processing_time_ttl_expires_in_partitions_without_input(
     metric = batch_metrics(str(root), "expiring", 1)
     assert metric is not None
     assert metric.expired == len(keys)  # z's expired entry was replaced by its new write
+
+
+# -- which operators need heartbeats -------------------------------------------------------
+
+
+class Stamping(StatefulProcessor):
+    """Counts each key's rows, no TTL; outputs the batch timestamp it saw (``init`` sets an
+    attribute, so a probe that ran on the processor itself would leave a trace)."""
+
+    rows = "row"
+    closed = 0
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.count = handle.value_state("count")
+        self.seen = handle.map_state("seen", codec=None)
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        n = (self.count.get() or 0) + len(rows)
+        self.count.update(n)
+        yield (key[0], n, str(self.handle.batch_timestamp_ms), self.handle.batch_id)
+
+    def close(self) -> None:
+        type(self).closed += 1
+
+
+class AsksTheBatch(Stamping):
+    def init(self, handle: Any) -> None:
+        super().init(handle)
+        self.first = handle.batch_id == 0  # not a declaration: the probe stops
+
+
+class ReadsInInit(Stamping):
+    def init(self, handle: Any) -> None:
+        super().init(handle)
+        self.count.get()  # a state's value: the probe stops
+
+
+class FailsOnTheDriver(Stamping):
+    def init(self, handle: Any) -> None:
+        from pyspark import TaskContext
+
+        assert TaskContext.get() is not None, "init runs in tasks only"
+        super().init(handle)
+
+
+def test_only_a_clock_in_idle_partitions_needs_heartbeats() -> None:
+    from statekeeper.spark._time import TimeSpec, needs_heartbeats
+
+    none = TimeSpec()
+    processor = Stamping()
+    closed = Stamping.closed
+    assert not needs_heartbeats(processor, none, initial_state=False)
+    assert not hasattr(processor, "count"), "init ran on the processor, not on a copy"
+    assert Stamping.closed == closed + 1  # init then close, as Spark's driver does
+    assert needs_heartbeats(Expiring(), none, initial_state=False)  # a TTL
+    assert needs_heartbeats(processor, none, initial_state=True)
+    assert needs_heartbeats(processor, TimeSpec("processing_time"), initial_state=False)
+    assert needs_heartbeats(processor, TimeSpec("event_time", "ts"), initial_state=False)
+    # Whatever cannot be learnt keeps them.
+    for unknown in (AsksTheBatch(), ReadsInInit(), FailsOnTheDriver()):
+        assert needs_heartbeats(unknown, none, initial_state=False), type(unknown).__name__
+
+
+@pytest.mark.spark
+@pytest.mark.usefixtures("_remember_by_value")
+def test_an_operator_without_ttl_or_time_has_no_heartbeats_and_every_partition_commits(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """No heartbeat pass in the plan; the timestamp rides on every row, and a partition
+    without input still commits its version (it learns its partition from its task id)."""
+    root = tmp_path / "root"
+
+    def plan(processor: StatefulProcessor) -> DataFrame:
+        return transform_with_state(
+            _stream(spark, tmp_path / "in"), keys="k", processor=processor,
+            output_schema="k string, n long, now string, batch long", checkpoint=str(root),
+            name=type(processor).__name__.lower(), partitions=4,
+            config=StoreConfig(local_dir=str(tmp_path / "local")),
+        )  # fmt: skip
+
+    def explained(df: DataFrame) -> str:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            df.explain()
+        return out.getvalue()
+
+    assert "__statekeeper_heartbeat" in explained(plan(Expiring()))  # the probe is what differs
+    out = plan(Stamping())
+    assert "__statekeeper_heartbeat" not in explained(out)
+    write_event_files(tmp_path / "in", [[("a", 0), ("b", 1)], [("a", 2)]])
+    started_ms = time.time() * 1000
+    run_to_end(out, tmp_path / "sink", tmp_path / "cp")
+    rows = spark.read.parquet(str(tmp_path / "sink")).collect()
+    counted = sorted((r["batch"], r["k"], r["n"]) for r in rows)
+    assert counted == [(0, "a", 1), (0, "b", 1), (1, "a", 2)]
+    # The batch timestamp, from the column every row carries now.
+    assert all(r["now"] != "None" and int(r["now"]) >= started_ms - 1000 for r in rows)
+    with StateBackend(str(root)) as backend:
+        assert [backend.versions("stamping", p)[-1] for p in range(4)] == [2, 2, 2, 2]

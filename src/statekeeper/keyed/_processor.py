@@ -56,7 +56,12 @@ class StatefulProcessor(abc.ABC):
 
     @abc.abstractmethod
     def init(self, handle: StatefulProcessorHandle) -> None:
-        """Declare states with ``handle.value_state/map_state/list_state``."""
+        """Declare states with ``handle.value_state/map_state/list_state``.
+
+        ``transform_with_state`` also calls it once on the driver, on a copy of the
+        processor, with a handle that only takes declarations (then ``close``), as Spark's
+        ``transformWithState`` does: keep side effects that need a task out of ``init``.
+        """
 
     @abc.abstractmethod
     def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:

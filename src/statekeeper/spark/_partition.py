@@ -172,7 +172,7 @@ class TaskInput:
                 )
             self.partition = found
             if self.now_ms is None and ts_column is not None:
-                # On the heartbeats alone (null on data rows), or on every row (0.1 layout).
+                # On the heartbeats alone (null on data rows), or on every row (no heartbeats).
                 column = batch.column(ts_column)
                 raw = pc.max(column.cast(pa.int64())).as_py()
                 if raw is not None:

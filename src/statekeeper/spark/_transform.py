@@ -44,7 +44,9 @@ substitutes for ``current_timestamp()`` in streaming plans and records in its of
 re-run of batch ``b`` sees the timestamp of its first run. It is added after the shuffle (no
 shuffle bytes), on the heartbeat rows alone, which reach every state partition
 (:mod:`statekeeper.spark._time`), so TTL expires and timers fire in partitions without input
-too; an operator of statekeeper 0.1 has no heartbeats and gets it on every row.
+too. An operator that needs no clock there (no time mode, no initial state, no state with a
+TTL, as its ``init`` declares them on the driver) and an operator of statekeeper 0.1 have no
+heartbeats and get it on every row.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ from statekeeper.spark._time import (
     HEARTBEAT_COLUMN,
     TimeSpec,
     batch_clock,
+    needs_heartbeats,
     refuse_legacy_time,
     refuse_unused_timers,
     time_spec,
@@ -187,6 +190,9 @@ def transform_with_state(
         df: a streaming DataFrame.
         keys: the grouping key column(s).
         processor: the :class:`StatefulProcessor`; a copy runs per partition and batch.
+            Its ``init`` and ``close`` also run once here, on a copy, with a handle that
+            only takes declarations, to learn whether a state has a TTL (see
+            :mod:`statekeeper.spark._time`; Spark's ``transformWithState`` does the same).
         output_schema: DDL string or StructType of the rows the processor yields.
         checkpoint: the checkpoint root URI (a path, ``file://``, ``s3://``, ...).
         name: the operator's name in the root.
@@ -235,7 +241,8 @@ def transform_with_state(
         )  # fmt: skip
         spec = dataclasses.replace(spec, initial=staged)
     task = functools.partial(rows_task, spec, processor)
-    if spec.partitioning.key_groups is None:  # statekeeper 0.1's operator: no heartbeats
+    beating = needs_heartbeats(processor, timing, initial_state=initial_state is not None)
+    if spec.partitioning.key_groups is None or not beating:  # the clock on every row
         return _plan(df, key_names, spec.partitioning, task, schema, clock=batch_clock(False))
     beats = functools.partial(with_heartbeats, timing=timing, partitioning=spec.partitioning)
     return _plan(
