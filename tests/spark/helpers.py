@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import io
 import json
 import os
 import random
@@ -201,3 +202,12 @@ def write_event_files(folder: Path, batches: list[list[tuple[str, int]]], start:
         tmp.write_text("\n".join(lines) + "\n")
         os.utime(tmp, (base + i, base + i))
         tmp.rename(folder / f"part-{i:04d}.json")
+
+
+def has_heartbeats(df: DataFrame) -> bool:
+    """Whether the plan of ``df`` (an operator's output) holds the heartbeat pass, as
+    ``DataFrame.explain`` prints it."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        df.explain()
+    return "__statekeeper_heartbeat" in out.getvalue()

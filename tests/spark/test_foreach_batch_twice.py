@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark import TaskContext
 from pyspark.sql import SparkSession
 
 from statekeeper import StoreConfig
@@ -29,14 +30,16 @@ from tests.spark.processors import RunningCountSum
 
 
 class _LoggedTasks(RunningCountSum):
-    """Appends a line to ``log`` each time a task initializes the processor."""
+    """Appends a line to ``log`` each time a task initializes the processor (not when the
+    driver does, once, to learn its declarations)."""
 
     def __init__(self, log: str) -> None:
         self.log = log
 
     def init(self, handle: Any) -> None:
-        with open(self.log, "a") as f:
-            f.write("task\n")
+        if TaskContext.get() is not None:
+            with open(self.log, "a") as f:
+                f.write("task\n")
         super().init(handle)
 
 

@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from statekeeper import StoreConfig
 from statekeeper.spark import StatefulProcessor, read_state, transform_with_state
-from tests.spark.helpers import pickled_by_value, run_to_end
+from tests.spark.helpers import has_heartbeats, pickled_by_value, run_to_end
 
 pytestmark = pytest.mark.spark
 
@@ -116,7 +116,9 @@ def test_a_restart_does_not_apply_the_initial_state_again(
     # Restart at batch 1 with another initial state: staged (batch 0 might still re-run),
     # but batch 1 does not apply it
     _write(tmp_path / "in", 1, ["a", "b"])
-    run_to_end(_query(spark, tmp_path, PandasSeeded(), other), sink, tmp_path / "cp")
+    second_query = _query(spark, tmp_path, PandasSeeded(), other)
+    assert has_heartbeats(second_query)  # batch 0 might still re-run
+    run_to_end(second_query, sink, tmp_path / "cp")
     second = {("a", 2, 11), ("b", 1, 5)}
     assert _out(spark, sink) == first | second
     staged = tmp_path / "root" / "_initial" / "ops"
@@ -125,7 +127,9 @@ def test_a_restart_does_not_apply_the_initial_state_again(
     # Once batch 1 is committed everywhere, batch 0 can no longer run: nothing is staged,
     # what was staged is deleted
     _write(tmp_path / "in", 2, ["c"])
-    run_to_end(_query(spark, tmp_path, PandasSeeded(), other), sink, tmp_path / "cp")
+    third = _query(spark, tmp_path, PandasSeeded(), other)
+    assert not has_heartbeats(third)  # no initial state left to apply, no TTL, no time
+    run_to_end(third, sink, tmp_path / "cp")
     assert _out(spark, sink) == first | second | {("c", 1, 0)}
     assert not any(p.is_file() for p in staged.rglob("*"))
     assert _state(spark, tmp_path / "root", 3) == {

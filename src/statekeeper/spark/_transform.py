@@ -241,7 +241,8 @@ def transform_with_state(
         )  # fmt: skip
         spec = dataclasses.replace(spec, initial=staged)
     task = functools.partial(rows_task, spec, processor)
-    beating = needs_heartbeats(processor, timing, initial_state=initial_state is not None)
+    # An initial state still to apply (``None`` once batch 1 is committed everywhere).
+    beating = needs_heartbeats(processor, timing, initial_state=spec.initial is not None)
     if spec.partitioning.key_groups is None or not beating:  # the clock on every row
         return _plan(df, key_names, spec.partitioning, task, schema, clock=batch_clock(False))
     beats = functools.partial(with_heartbeats, timing=timing, partitioning=spec.partitioning)
