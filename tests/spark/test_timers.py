@@ -259,42 +259,34 @@ class Stamping(StatefulProcessor):
         type(self).closed += 1
 
 
-class AsksTheBatch(Stamping):
-    def init(self, handle: Any) -> None:
-        super().init(handle)
-        self.first = handle.batch_id == 0  # not a declaration: the probe stops
-
-
-class ReadsInInit(Stamping):
-    def init(self, handle: Any) -> None:
-        super().init(handle)
-        self.count.get()  # a state's value: the probe stops
-
-
-class FailsOnTheDriver(Stamping):
-    def init(self, handle: Any) -> None:
-        from pyspark import TaskContext
-
-        assert TaskContext.get() is not None, "init runs in tasks only"
-        super().init(handle)
-
-
 def test_only_a_clock_in_idle_partitions_needs_heartbeats() -> None:
     from statekeeper.spark._time import TimeSpec, needs_heartbeats
 
     none = TimeSpec()
-    processor = Stamping()
-    closed = Stamping.closed
-    assert not needs_heartbeats(processor, none, initial_state=False)
-    assert not hasattr(processor, "count"), "init ran on the processor, not on a copy"
-    assert Stamping.closed == closed + 1  # init then close, as Spark's driver does
-    assert needs_heartbeats(Expiring(), none, initial_state=False)  # a TTL
-    assert needs_heartbeats(processor, none, initial_state=True)
-    assert needs_heartbeats(processor, TimeSpec("processing_time"), initial_state=False)
-    assert needs_heartbeats(processor, TimeSpec("event_time", "ts"), initial_state=False)
-    # Whatever cannot be learnt keeps them.
-    for unknown in (AsksTheBatch(), ReadsInInit(), FailsOnTheDriver()):
-        assert needs_heartbeats(unknown, none, initial_state=False), type(unknown).__name__
+    assert not needs_heartbeats({"count": None}, none, initial_state=False)
+    assert not needs_heartbeats({}, none, initial_state=False)
+    assert needs_heartbeats({"count": None, "seen": 2000}, none, initial_state=False)  # a TTL
+    assert needs_heartbeats(None, none, initial_state=False)  # init could not tell
+    assert needs_heartbeats({}, none, initial_state=True)
+    assert needs_heartbeats({}, TimeSpec("processing_time"), initial_state=False)
+    assert needs_heartbeats({}, TimeSpec("event_time", "ts"), initial_state=False)
+
+
+class BadlyDeclared(Stamping):
+    def init(self, handle: Any) -> None:
+        self.count = handle.value_state("count", ttl=-5)
+
+
+@pytest.mark.spark
+def test_a_malformed_declaration_fails_before_the_root_is_touched(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match="ttl must be a positive duration, got -5"):
+        transform_with_state(
+            _stream(spark, tmp_path / "in"), keys="k", processor=BadlyDeclared(),
+            output_schema=OUT, checkpoint=str(tmp_path / "root"), name="bad", partitions=2,
+        )  # fmt: skip
+    assert not (tmp_path / "root").exists()
 
 
 @pytest.mark.spark

@@ -49,7 +49,12 @@ from statekeeper.keyed._layout import (
     partition_of_group,
     ttl_prefix,
 )
-from statekeeper.keyed._processor import StatefulProcessor, handles_initial_state, input_form
+from statekeeper.keyed._processor import (
+    StatefulProcessor,
+    declared_ttls,
+    handles_initial_state,
+    input_form,
+)
 from statekeeper.keyed._row_type import build_rows, row_class
 from statekeeper.keyed._schema import stored_schema_version
 from statekeeper.keyed._timers import (
@@ -95,6 +100,7 @@ __all__ = [
     "Undecoded",
     "ValueState",
     "build_rows",
+    "declared_ttls",
     "decode_key",
     "encode_element",
     "encode_key",

@@ -67,6 +67,39 @@ _WINDOW = 2048
 """Keys per prefetch: large enough to amortize a multi_get, small enough to bound memory."""
 
 
+def check_declaration(
+    name: str, *, ttl: Ttl, codec: Codec | None, ttl_on: object, time_mode: str | None
+) -> tuple[Codec, int | None]:
+    """The checks of a state declaration that need no store (the state's name, its TTL and
+    the TTL's clock against the operator's ``time_mode``, the codec); returns the codec
+    (the default one for ``None``) and the TTL in milliseconds.
+
+    Raises:
+        TypeError, ValueError: a malformed argument.
+    """
+    validate_state_name(name)
+    if ttl_on not in TTL_CLOCKS:
+        raise ValueError(
+            f"state {name!r}: ttl_on must be 'processing_time' or 'event_time', got {ttl_on!r}"
+        )
+    if ttl_on == "event_time" and ttl is None:
+        raise ValueError(
+            f"state {name!r}: ttl_on='event_time' says which clock a ttl runs on, but no "
+            "ttl was given"
+        )
+    if ttl_on == "event_time" and time_mode != "event_time":
+        raise ValueError(
+            f"state {name!r}: ttl_on='event_time' expires entries by the watermark, which "
+            "only an operator with time_mode='event_time' has; this operator has "
+            f"time_mode={time_mode!r}. Pass time_mode='event_time' (with "
+            "event_time_column) or use ttl_on='processing_time'"
+        )
+    codec = DefaultCodec() if codec is None else codec
+    if not (hasattr(codec, "encode") and hasattr(codec, "decode") and hasattr(codec, "name")):
+        raise TypeError(f"codec must have name, encode and decode; got {codec!r}")
+    return codec, ttl_ms(ttl)
+
+
 class StatefulProcessorHandle:
     """Gives a processor its state; passed to :meth:`StatefulProcessor.init`.
 
@@ -334,11 +367,9 @@ class StatefulProcessorHandle:
         ttl_on: str,
         schema: tuple[Any, int | None, Migrate | None],
     ) -> _S:
-        validate_state_name(name)
-        self._check_ttl_on(name, ttl, ttl_on)
-        codec = DefaultCodec() if codec is None else codec
-        if not (hasattr(codec, "encode") and hasattr(codec, "decode") and hasattr(codec, "name")):
-            raise TypeError(f"codec must have name, encode and decode; got {codec!r}")
+        codec, ttl_at = check_declaration(
+            name, ttl=ttl, codec=codec, ttl_on=ttl_on, time_mode=self._time_mode
+        )
         old = self._states.get(name)
         if old is not None and type(old) is not cls:
             raise StateKeeperError(
@@ -352,29 +383,9 @@ class StatefulProcessorHandle:
         codec = declare_schema(
             name, codec, declared, version=version, migrate=migrate, stored=schemas
         )
-        state = cls(self, name, ttl_ms(ttl), codec, ttl_on)
+        state = cls(self, name, ttl_at, codec, ttl_on)
         self._states[name] = state
         return state
-
-    def _check_ttl_on(self, name: str, ttl: Ttl, ttl_on: object) -> None:
-        if ttl_on not in TTL_CLOCKS:
-            raise ValueError(
-                f"state {name!r}: ttl_on must be 'processing_time' or 'event_time', got {ttl_on!r}"
-            )
-        if ttl_on == "processing_time":
-            return
-        if ttl is None:
-            raise ValueError(
-                f"state {name!r}: ttl_on='event_time' says which clock a ttl runs on, but no "
-                "ttl was given"
-            )
-        if self._time_mode != "event_time":
-            raise ValueError(
-                f"state {name!r}: ttl_on='event_time' expires entries by the watermark, which "
-                "only an operator with time_mode='event_time' has; this operator has "
-                f"time_mode={self._time_mode!r}. Pass time_mode='event_time' (with "
-                "event_time_column) or use ttl_on='processing_time'"
-            )
 
     def _stored_record(self) -> OperatorRecord | None:
         """The store's operator record as it was before this handle wrote one.

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import abc
+import copy
+import logging
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
-from statekeeper.keyed._handles import StatefulProcessorHandle
+from statekeeper.keyed._handles import StatefulProcessorHandle, check_declaration
+from statekeeper.keyed._schema import declare_schema
 from statekeeper.keyed._timers import ExpiredTimerInfo, TimerValues
 
-__all__ = ["ROW_FORMS", "StatefulProcessor", "handles_initial_state", "input_form"]
+__all__ = [
+    "ROW_FORMS",
+    "StatefulProcessor",
+    "declared_ttls",
+    "handles_initial_state",
+    "input_form",
+]
+
+_log = logging.getLogger("statekeeper.keyed")
 
 ROW_FORMS = ("pandas", "row")
 
@@ -60,7 +71,9 @@ class StatefulProcessor(abc.ABC):
 
         ``transform_with_state`` also calls it once on the driver, on a copy of the
         processor, with a handle that only takes declarations (then ``close``), as Spark's
-        ``transformWithState`` does: keep side effects that need a task out of ``init``.
+        ``transformWithState`` does (:func:`declared_ttls`): keep side effects that need a
+        task out of ``init``. A declaration with a malformed argument fails there, before
+        the query starts.
         """
 
     @abc.abstractmethod
@@ -135,3 +148,86 @@ def input_form(processor: StatefulProcessor) -> str:
 def handles_initial_state(processor: StatefulProcessor) -> bool:
     """Whether ``processor``'s class overrides :meth:`StatefulProcessor.handle_initial_state`."""
     return type(processor).handle_initial_state is not StatefulProcessor.handle_initial_state
+
+
+class _NotADeclaration(Exception):
+    """``init`` asked the driver's handle for something else than declaring a state."""
+
+
+class _BadDeclaration(Exception):
+    """``init`` declared a state with a malformed argument (the handle's error inside)."""
+
+    def __init__(self, error: TypeError | ValueError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Opaque:
+    """What the driver's handle returns for a declared state: any use of it ends the run."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise _NotADeclaration(name)
+
+
+class _Declarations:
+    """A stand-in for :class:`StatefulProcessorHandle` on the driver: it checks each state
+    ``init`` declares as the handle does (all but what needs the store: the kind already
+    declared under the name, the schemas the store records) and keeps its TTL; anything
+    else (the batch, timers, a state's values) ends the run."""
+
+    def __init__(self, time_mode: str | None) -> None:
+        self.mode = time_mode
+        self.ttls: dict[str, int | None] = {}
+
+    def value_state(
+        self,
+        name: str,
+        *,
+        ttl: Any = None,
+        codec: Any = None,
+        ttl_on: str = "processing_time",
+        schema: Any = None,
+        version: int | None = None,
+        migrate: Any = None,
+    ) -> Any:
+        try:
+            checked, ttl_ms = check_declaration(
+                name, ttl=ttl, codec=codec, ttl_on=ttl_on, time_mode=self.mode
+            )
+            declare_schema(name, checked, schema, version=version, migrate=migrate, stored=None)
+        except (TypeError, ValueError) as exc:
+            raise _BadDeclaration(exc) from exc
+        self.ttls[name] = ttl_ms
+        return _Opaque()
+
+    map_state = value_state
+    list_state = value_state
+
+    def __getattr__(self, name: str) -> Any:
+        raise _NotADeclaration(name)
+
+
+def declared_ttls(
+    processor: StatefulProcessor, time_mode: str | None
+) -> dict[str, int | None] | None:
+    """The TTL (ms; ``None``: no expiry) of each state ``processor.init`` declares, learnt
+    on the driver: ``init`` then ``close`` run on a copy of the processor with a handle that
+    only takes declarations, as Spark's ``transformWithState`` runs them on the driver to
+    learn its state schemas. ``None`` if that cannot tell: ``init`` asked the handle for
+    anything else, or the copy, ``init`` or ``close`` failed.
+
+    Raises:
+        TypeError, ValueError: ``init`` declares a state with a malformed argument (the
+            error the handle raises in a task), so a query fails before it starts.
+    """
+    probe = _Declarations(time_mode)
+    try:
+        clone = copy.deepcopy(processor)
+        clone.init(cast(StatefulProcessorHandle, probe))
+        clone.close()
+    except _BadDeclaration as bad:
+        raise bad.error from None
+    except Exception as exc:  # noqa: BLE001 - user code: any failure only means "unknown"
+        _log.debug("%s.init could not run on the driver: %r", type(processor).__name__, exc)
+        return None
+    return probe.ttls

@@ -24,7 +24,9 @@ the processor declares one is learnt on the driver, before the plan is built, by
 ``init`` (then ``close``) on a copy with a handle that only records declarations, as Spark's
 own ``transformWithState`` calls ``init`` and ``close`` on the driver to learn its state
 schemas; when that fails or ``init`` asks the handle for anything but a declaration, the
-operator keeps its heartbeats. Without heartbeats the timestamp rides on every row (added
+operator keeps its heartbeats. (That run also checks each declaration as the handle does, so
+a malformed one fails ``transform_with_state`` itself, before the query starts, and not its
+first tasks.) Without heartbeats the timestamp rides on every row (added
 after the shuffle: no shuffle bytes), so a processor still reads ``batch_timestamp_ms``, and
 an empty partition learns its partition from its task id (the operator's stage ends with its
 own exchange, see :mod:`statekeeper.spark._transform`). (An ``init`` that declares a TTL on
@@ -42,11 +44,9 @@ the running largest event time at commit, and batch ``b`` reads its watermark fr
 
 from __future__ import annotations
 
-import copy
 import functools
-import logging
-from collections.abc import Iterator
-from typing import Any, cast
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
@@ -58,7 +58,6 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from statekeeper.errors import ConfigMismatchError
 from statekeeper.keyed import (
     StatefulProcessor,
-    StatefulProcessorHandle,
     key_group_range,
     validate_delay,
     validate_time_mode,
@@ -77,8 +76,6 @@ __all__ = [
     "time_spec",
     "with_heartbeats",
 ]
-
-_log = logging.getLogger("statekeeper.spark")
 
 HEARTBEAT_COLUMN = "__statekeeper_heartbeat"
 _TIMESTAMPS = (T.TimestampType, T.TimestampNTZType)
@@ -148,55 +145,15 @@ def refuse_legacy_time(metadata: Any, name: str, timing: TimeSpec) -> None:
         )
 
 
-class _NotADeclaration(Exception):
-    """``init`` asked the probe for something else than declaring a state."""
-
-
-class _Opaque:
-    """What the probe returns for a declared state: any use of it ends the probe."""
-
-    def __getattr__(self, name: str) -> Any:
-        raise _NotADeclaration(name)
-
-
-class _DeclarationProbe:
-    """A stand-in for :class:`StatefulProcessorHandle` that records the TTL of each state
-    ``init`` declares; anything else (the batch, timers, a state's values) ends the probe."""
-
-    def __init__(self) -> None:
-        self.ttls: list[object] = []
-
-    def value_state(self, name: str, *, ttl: object = None, **_: Any) -> Any:
-        self.ttls.append(ttl)
-        return _Opaque()
-
-    map_state = value_state
-    list_state = value_state
-
-    def __getattr__(self, name: str) -> Any:
-        raise _NotADeclaration(name)
-
-
 def needs_heartbeats(
-    processor: StatefulProcessor, timing: TimeSpec, *, initial_state: bool
+    ttls: Mapping[str, int | None] | None, timing: TimeSpec, *, initial_state: bool
 ) -> bool:
     """Whether an operator needs the batch clock in partitions without input (see the
-    module docstring): a time mode, an initial state, or a state ``init`` declares with a
-    TTL; ``True`` as well when that cannot be learnt from a copy of the processor."""
-    if timing.time_mode is not None or initial_state:
+    module docstring): a time mode, an initial state still to apply, or a state with a TTL
+    among ``ttls`` (:func:`~statekeeper.keyed.declared_ttls`; ``None``: unknown, so yes)."""
+    if timing.time_mode is not None or initial_state or ttls is None:
         return True
-    probe = _DeclarationProbe()
-    try:
-        clone = copy.deepcopy(processor)
-        clone.init(cast(StatefulProcessorHandle, probe))
-        clone.close()
-    except Exception as exc:  # noqa: BLE001 - user code: any failure keeps the heartbeats
-        _log.debug(
-            "%s.init could not run on the driver (%r): the operator keeps its heartbeats",
-            type(processor).__name__, exc,
-        )  # fmt: skip
-        return True
-    return any(ttl is not None for ttl in probe.ttls)
+    return any(ttl is not None for ttl in ttls.values())
 
 
 def batch_clock(heartbeats: bool) -> Column:

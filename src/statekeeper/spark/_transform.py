@@ -64,7 +64,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from statekeeper import layout
 from statekeeper.config import StoreConfig
-from statekeeper.keyed import StatefulProcessor
+from statekeeper.keyed import StatefulProcessor, declared_ttls
 from statekeeper.spark._cache import StoreSpec
 from statekeeper.spark._initial import (
     STAGED_SCHEMA,
@@ -213,8 +213,10 @@ def transform_with_state(
             type, the event-time column is missing or not a timestamp, a negative delay, a
             processor with ``handle_expired_timer`` and no time mode, an initial state that
             is streaming, lacks a key column or has it with another type, or is given to a
-            processor without ``handle_initial_state``, or an argument is malformed.
-        TypeError: an argument has the wrong type.
+            processor without ``handle_initial_state``, or an argument is malformed; or
+            ``processor.init`` declares a state with a malformed argument (run on a copy
+            here: see ``processor`` above).
+        TypeError: an argument has the wrong type (also in a declaration of ``init``).
         ConfigMismatchError: the root records another partition count for ``name``, or a
             time mode is asked of an operator of statekeeper 0.1.
         StateKeeperError: the root cannot be read.
@@ -227,6 +229,8 @@ def transform_with_state(
     schema = _output_struct(output_schema)
     timing = time_spec(df, time_mode, event_time_column, watermark_delay)
     refuse_unused_timers(processor, timing.time_mode)
+    # init on a copy: a malformed declaration fails here, before the root is touched.
+    ttls = declared_ttls(processor, timing.time_mode)
     if initial_state is not None:
         check_initial(df, initial_state, key_names, processor, _RESERVED)
     spec = _prepare(
@@ -242,7 +246,7 @@ def transform_with_state(
         spec = dataclasses.replace(spec, initial=staged)
     task = functools.partial(rows_task, spec, processor)
     # An initial state still to apply (``None`` once batch 1 is committed everywhere).
-    beating = needs_heartbeats(processor, timing, initial_state=spec.initial is not None)
+    beating = needs_heartbeats(ttls, timing, initial_state=spec.initial is not None)
     if spec.partitioning.key_groups is None or not beating:  # the clock on every row
         return _plan(df, key_names, spec.partitioning, task, schema, clock=batch_clock(False))
     beats = functools.partial(with_heartbeats, timing=timing, partitioning=spec.partitioning)
