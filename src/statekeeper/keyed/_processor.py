@@ -171,9 +171,9 @@ class _Opaque:
 
 class _Declarations:
     """A stand-in for :class:`StatefulProcessorHandle` on the driver: it checks each state
-    ``init`` declares as the handle does (all but what needs the store: the kind already
-    declared under the name, the schemas the store records) and keeps its TTL; anything
-    else (the batch, timers, a state's values) ends the run."""
+    ``init`` declares as the handle does (all but a name declared again as another kind, and
+    the schemas the store records, which tasks check) and keeps its TTL; anything else (the
+    batch, timers, a state's values) ends the run."""
 
     def __init__(self, time_mode: str | None) -> None:
         self.mode = time_mode

@@ -26,16 +26,16 @@ own ``transformWithState`` calls ``init`` and ``close`` on the driver to learn i
 schemas; when that fails or ``init`` asks the handle for anything but a declaration, the
 operator keeps its heartbeats. (That run also checks each declaration as the handle does, so
 a malformed one fails ``transform_with_state`` itself, before the query starts, and not its
-first tasks.) Without heartbeats the timestamp rides on every row (added
-after the shuffle: no shuffle bytes), so a processor still reads ``batch_timestamp_ms``, and
-an empty partition learns its partition from its task id (the operator's stage ends with its
-own exchange, see :mod:`statekeeper.spark._transform`). (An ``init`` that declares a TTL on
-the workers only, say behind an environment variable, loses the expiry in partitions without
-input, as an operator of statekeeper 0.1 does: its reads still hide expired entries.) The
-pass costs about 2% of a 100k-row micro-batch of two columns, 8-10% of one with 20 more
-(``local[2]``, Row form). The vectorized form has no TTL or timers and no heartbeats. An
-operator of statekeeper 0.1 (no key groups) cannot address a partition by key group: it has
-none, and its rows carry the timestamp.
+first tasks.) Without heartbeats the timestamp rides on every row (added after the shuffle:
+no shuffle bytes), so a processor still reads ``batch_timestamp_ms``, and an empty partition
+learns its partition from its task id (the operator's stage ends with its own exchange, see
+:mod:`statekeeper.spark._transform`). (An ``init`` that declares a TTL on the workers only,
+say behind an environment variable, loses the expiry in partitions without input, as an
+operator of statekeeper 0.1 does: its reads still hide expired entries.) The pass costs
+about 2% of a 100k-row micro-batch of two columns, 8-10% of one with 20 more (``local[2]``,
+Row form). The vectorized form has no TTL or timers and no heartbeats. An operator of
+statekeeper 0.1 (no key groups) cannot address a partition by key group: it has none, and
+its rows carry the timestamp.
 
 The task splits the heartbeats off before the processor sees the input. Each store records
 the running largest event time at commit, and batch ``b`` reads its watermark from version
@@ -56,12 +56,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from statekeeper.errors import ConfigMismatchError
-from statekeeper.keyed import (
-    StatefulProcessor,
-    key_group_range,
-    validate_delay,
-    validate_time_mode,
-)
+from statekeeper.keyed import StatefulProcessor, key_group_range, validate_delay, validate_time_mode
 from statekeeper.keyed.runner import KEY_GROUP_COLUMN, TimeSpec, event_times_ms
 from statekeeper.spark._partition import Partitioning
 
