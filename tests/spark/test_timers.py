@@ -121,18 +121,6 @@ def test_bad_time_arguments_fail_before_any_state(spark: SparkSession, tmp_path:
     assert not root.exists()
 
 
-@pytest.mark.spark
-def test_a_timer_processor_without_time_mode_is_refused_before_any_state(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    with pytest.raises(ValueError, match="EventSessions defines handle_expired_timer"):
-        transform_with_state(
-            _stream(spark, tmp_path / "in"), keys="k", processor=EventSessions(),
-            output_schema=OUT, checkpoint=str(tmp_path / "root"), name="s", partitions=2,
-        )  # fmt: skip
-    assert not (tmp_path / "root").exists()
-
-
 class Remember(StatefulProcessor):
     """Keeps each key's latest event time for 10 s of event time (``ttl_on="event_time"``)."""
 
@@ -278,13 +266,22 @@ class BadlyDeclared(Stamping):
 
 
 @pytest.mark.spark
-def test_a_malformed_declaration_fails_before_the_root_is_touched(
-    spark: SparkSession, tmp_path: Path
+@pytest.mark.parametrize(
+    ("processor", "message"),
+    [
+        # a timer handler without a time mode
+        (EventSessions(), "EventSessions defines handle_expired_timer"),
+        # a malformed declaration in init (checked on a copy, on the driver)
+        (BadlyDeclared(), "ttl must be a positive duration, got -5"),
+    ],
+)
+def test_a_wrong_processor_is_refused_before_the_root_is_touched(
+    spark: SparkSession, tmp_path: Path, processor: StatefulProcessor, message: str
 ) -> None:
-    with pytest.raises(ValueError, match="ttl must be a positive duration, got -5"):
+    with pytest.raises(ValueError, match=message):
         transform_with_state(
-            _stream(spark, tmp_path / "in"), keys="k", processor=BadlyDeclared(),
-            output_schema=OUT, checkpoint=str(tmp_path / "root"), name="bad", partitions=2,
+            _stream(spark, tmp_path / "in"), keys="k", processor=processor,
+            output_schema=OUT, checkpoint=str(tmp_path / "root"), name="s", partitions=2,
         )  # fmt: skip
     assert not (tmp_path / "root").exists()
 
