@@ -27,11 +27,12 @@ def ms(seconds: int) -> int:
     return T0 + seconds * 1000
 
 
-def write_batches(folder: Path, batches: list[list[tuple[str, int]]]) -> None:
-    """One JSON-lines file per batch of (key, seconds after T0), in read order."""
+def write_batches(folder: Path, batches: list[list[tuple[str, int]]], start: int = 0) -> None:
+    """One JSON-lines file per batch of (key, seconds after T0), in read order; files are
+    numbered from ``start`` (more files for a restarted query read after the earlier ones)."""
     folder.mkdir(parents=True, exist_ok=True)
     base = time.time() - 1000
-    for i, rows in enumerate(batches):
+    for i, rows in enumerate(batches, start):
         lines = [
             json.dumps({"k": k, "t": s, "ts": dt.datetime.fromtimestamp(ms(s) / 1000, dt.UTC)
                         .isoformat()})

@@ -227,24 +227,18 @@ def test_processing_time_ttl_expires_in_partitions_without_input(
 
 
 class Stamping(StatefulProcessor):
-    """Counts each key's rows, no TTL; outputs the batch timestamp it saw (``init`` sets an
-    attribute, so a probe that ran on the processor itself would leave a trace)."""
+    """Counts each key's rows, no TTL; outputs the batch timestamp it saw."""
 
     rows = "row"
-    closed = 0
 
     def init(self, handle: Any) -> None:
         self.handle = handle
         self.count = handle.value_state("count")
-        self.seen = handle.map_state("seen", codec=None)
 
     def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
         n = (self.count.get() or 0) + len(rows)
         self.count.update(n)
         yield (key[0], n, str(self.handle.batch_timestamp_ms), self.handle.batch_id)
-
-    def close(self) -> None:
-        type(self).closed += 1
 
 
 def test_only_a_clock_in_idle_partitions_needs_heartbeats() -> None:
