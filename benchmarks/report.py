@@ -507,11 +507,20 @@ def pipeline_section(data: dict[str, Any], *, command: bool = False) -> list[str
         if peers != w["batches"]
         else ""
     )
+    warm = w.get("warm_batches")  # absent from runs made before the warm-up existed
+    fewer += (
+        f" Before any variant was measured, each ran {warm} unmeasured "
+        f"micro-batch{'' if warm == 1 else 'es'} (the JVM, "
+        "shared by the sessions, compiles the code paths they reuse)."
+        if warm
+        else ""
+    )
     heading = "## Streaming pipeline, side by side (`benchmarks/pipeline.py`)"
     if command:
         args = [
             f"--rows {w['rows_per_batch']}", f"--keys {w['keys']}", f"--batches {w['batches']}",
             f"--peer-batches {peers}", "--variants", *variants, "--restarts", *w["restarts"],
+            *([f"--warm-batches {warm}"] if warm is not None else []),
         ]  # fmt: skip
         heading = (
             f"## Streaming pipeline at {w['rows_per_batch']:,}-row batches "

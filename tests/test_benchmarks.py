@@ -75,9 +75,10 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def pipeline(results: Path) -> dict[str, Any]:
-    """A tiny pipeline run of every variant (with one cold restart) into ``results``; Spark's
-    own operators read one of the two batches."""
+    """A tiny pipeline run of every variant (each warmed up on one batch first, and with one
+    cold restart) into ``results``; Spark's own operators read one of the two batches."""
     args = ["--rows", "300", "--keys", "50", "--batches", "2", "--peer-batches", "1", "--anatomy"]
+    args += ["--warm-batches", "1"]
     return _run("pipeline", results / "pipeline.json", *args, "--restarts", "cold", timeout=600)
 
 
@@ -216,6 +217,9 @@ def test_pipeline_variants_agree_with_a_batch_group_by(pipeline: dict[str, Any])
     assert list(pipeline["variants"]) == VARIANTS
     assert pipeline["workload"]["restarts"] == ["cold"]
     assert pipeline["workload"]["peer_batches"] == 1
+    # Every variant ran once, unmeasured, before the first was measured.
+    assert pipeline["workload"]["warm_batches"] == 1
+    assert pipeline["warm_up_batches"] == dict.fromkeys(VARIANTS, 1)
     for name, r in pipeline["variants"].items():
         peer = name in PEERS
         assert set(r) >= PIPELINE_FIELDS, name
@@ -284,13 +288,14 @@ def test_report_renders_every_table(
     command = (
         f"--rows {w['rows_per_batch']} --keys {w['keys']} --batches {w['batches']} "
         f"--peer-batches {w['peer_batches']} --variants {' '.join(pipeline['variants'])} "
-        f"--restarts {' '.join(w['restarts'])}"
+        f"--restarts {' '.join(w['restarts'])} --warm-batches 1"
     )
     assert (
         f"## Streaming pipeline at {w['rows_per_batch']:,}-row batches "
         f"(`benchmarks/pipeline.py {command}`)"
     ) in text
     assert text.count("| equals a batch groupBy |" + " yes |" * len(VARIANTS)) == 2
+    assert text.count("each ran 1 unmeasured micro-batch (") == 2
 
 
 def test_timers_fires_exactly_the_due_timers_and_the_report_shows_them(tmp_path: Path) -> None:
