@@ -93,9 +93,14 @@ class StatefulProcessor(abc.ABC):
 
         Called once per expired timer, after every key's input of the micro-batch, in order
         of expiry then key, in every partition and micro-batch whether or not the key or
-        the partition received input (an operator with ``time_mode`` set). The timer is
-        deleted before the call; state and timers of ``key`` may be used as in
-        ``handle_input_rows``. The default emits nothing.
+        the partition received input (an operator with ``time_mode`` set). State and timers
+        of ``key`` may be used as in ``handle_input_rows``. The default emits nothing.
+
+        As in Spark's ``transformWithState``: the timer is deleted after the call (the
+        handler still sees it in ``list_timers``; registering it again does not keep it),
+        and the timers that fire are those due when the first handler is called. A due timer
+        that a handler deletes still fires (and is no longer listed); a timer a handler
+        registers that is already due fires in the next micro-batch.
 
         Args:
             key: the key the timer was registered for.
