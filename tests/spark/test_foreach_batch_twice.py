@@ -1,9 +1,12 @@
-"""A foreachBatch sink with two actions over the micro-batch (issue 11: re-runs are cheap).
+"""A foreachBatch sink with two actions over the micro-batch (issue 11: re-runs are cheap),
+or with one that reads only part of it.
 
 The plan ends with a shuffle (the output stage boundary of ``transform_with_state``), so the
 second action reuses the stateful stage's shuffle output: the stateful tasks run once per
 micro-batch, nothing is restored or committed twice, and every row counts once. (A task that
-does run again, a retry, steps its working copy back one commit: tests/store/test_step_back.)"""
+does run again, a retry, steps its working copy back one commit: tests/store/test_step_back.)
+An action that stops reading early (``first()``) still runs every stateful task to its
+commit: the stage before the boundary always runs whole."""
 
 from __future__ import annotations
 
@@ -90,5 +93,43 @@ def test_two_actions_per_batch_run_the_stateful_tasks_once(
                 assert report.restore_bytes == 0, report
         changelogs = [m.key for m in blobs.list(f"{NAME}/0/changelog/")]
         assert len(changelogs) == len(batches)  # one commit per version
+    finally:
+        blobs.close()
+
+
+def test_an_action_reading_one_row_still_commits_every_partition(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    batches = make_input(seed=8, files=3, rows=20, keys=6)
+    write_files(tmp_path / "in", batches)
+    root = str(tmp_path / "state")
+    firsts: list[Any] = []
+
+    def sink(batch: Any, batch_id: int) -> None:
+        firsts.append(batch.first())  # reads one row of one partition, then stops
+
+    transformed = transform_with_state(
+        read_stream(spark, tmp_path / "in"), "k", RunningCountSum(), OUTPUT_SCHEMA, root, NAME,
+        PARTITIONS, config=StoreConfig(local_dir=str(tmp_path / "local")),
+    )  # fmt: skip
+    query = (
+        transformed.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(180)
+    assert query.exception() is None
+    assert len(firsts) == len(batches)
+    assert all(row is not None for row in firsts)
+
+    # Every key's rows of every batch were counted once: no task stopped part-way.
+    assert state_totals(read_state(spark, root, NAME)) == batch_totals(spark, tmp_path / "in")
+    blobs = open_blob_store(root)
+    try:
+        for batch_id in range(len(batches)):
+            reports = read_reports(blobs, NAME, batch_id)
+            assert sorted(r.partition for r in reports) == list(range(PARTITIONS))
+            assert {r.version for r in reports} == {batch_id + 1}
     finally:
         blobs.close()

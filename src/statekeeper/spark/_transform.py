@@ -24,7 +24,10 @@ mapInArrow(task) -> repartitionById``:
   shuffle partitions. The boundary also makes a second action over the output (a
   ``foreachBatch`` sink writing the micro-batch twice) read the shuffle's files instead of
   running the operator again: without it each action ran every task of the operator
-  once more, each stepping its store back and committing again. The price is one shuffle
+  once more, each stepping its store back and committing again. And an action that reads
+  only part of the output (``first()``, ``show()``, a ``limit``) would stop the operator's
+  tasks part-way, before their commit, or never start some: behind the boundary the
+  operator's stage always runs whole. The price is one shuffle
   of the *output* (usually far smaller than the input; in ``benchmarks/pipeline.py``,
   with one output row per key, an extra job of 120-130 ms, 14-20% of a 100k-row
   micro-batch). A non-empty task checks that its data and its task id agree.
