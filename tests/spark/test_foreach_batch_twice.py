@@ -52,11 +52,30 @@ NAME = "twice"
 PARTITIONS = 2
 
 
+def _run(spark: SparkSession, tmp_path: Path, processor: Any, sink: Any) -> int:
+    """Three input files through ``processor`` into the foreachBatch ``sink``, to the end
+    (state under ``tmp_path / "state"``); the number of micro-batches."""
+    batches = make_input(seed=7, files=3, rows=20, keys=6)
+    write_files(tmp_path / "in", batches)
+    transformed = transform_with_state(
+        read_stream(spark, tmp_path / "in"), "k", processor, OUTPUT_SCHEMA,
+        str(tmp_path / "state"), NAME, PARTITIONS,
+        config=StoreConfig(local_dir=str(tmp_path / "local")),
+    )  # fmt: skip
+    query = (
+        transformed.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(180)
+    assert query.exception() is None
+    return len(batches)
+
+
 def test_two_actions_per_batch_run_the_stateful_tasks_once(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    batches = make_input(seed=7, files=3, rows=20, keys=6)
-    write_files(tmp_path / "in", batches)
     root, out = str(tmp_path / "state"), str(tmp_path / "out")
     counted: list[int] = []
 
@@ -64,27 +83,15 @@ def test_two_actions_per_batch_run_the_stateful_tasks_once(
         counted.append(batch.count())  # the first action: runs the stateful tasks
         batch.write.mode("append").parquet(out)  # the second: runs them again
 
-    processor = _LoggedTasks(str(tmp_path / "tasks.log"))
-    transformed = transform_with_state(
-        read_stream(spark, tmp_path / "in"), "k", processor, OUTPUT_SCHEMA, root, NAME,
-        PARTITIONS, config=StoreConfig(local_dir=str(tmp_path / "local")),
-    )  # fmt: skip
-    query = (
-        transformed.writeStream.foreachBatch(sink)
-        .option("checkpointLocation", str(tmp_path / "ck"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    assert query.awaitTermination(180)
-    assert query.exception() is None
-    assert len(counted) == len(batches)
+    batches = _run(spark, tmp_path, _LoggedTasks(str(tmp_path / "tasks.log")), sink)
+    assert len(counted) == batches
 
     assert state_totals(read_state(spark, root, NAME)) == batch_totals(spark, tmp_path / "in")
     tasks = (tmp_path / "tasks.log").read_text().splitlines()
-    assert len(tasks) == len(batches) * PARTITIONS  # not twice that
+    assert len(tasks) == batches * PARTITIONS  # not twice that
     blobs = open_blob_store(root)
     try:
-        for batch_id in range(len(batches)):
+        for batch_id in range(batches):
             reports = read_reports(blobs, NAME, batch_id)
             assert sorted(r.partition for r in reports) == list(range(PARTITIONS))
             for report in reports:
@@ -92,7 +99,7 @@ def test_two_actions_per_batch_run_the_stateful_tasks_once(
                 assert not report.restored, report
                 assert report.restore_bytes == 0, report
         changelogs = [m.key for m in blobs.list(f"{NAME}/0/changelog/")]
-        assert len(changelogs) == len(batches)  # one commit per version
+        assert len(changelogs) == batches  # one commit per version
     finally:
         blobs.close()
 
@@ -100,34 +107,21 @@ def test_two_actions_per_batch_run_the_stateful_tasks_once(
 def test_an_action_reading_one_row_still_commits_every_partition(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    batches = make_input(seed=8, files=3, rows=20, keys=6)
-    write_files(tmp_path / "in", batches)
     root = str(tmp_path / "state")
     firsts: list[Any] = []
 
     def sink(batch: Any, batch_id: int) -> None:
         firsts.append(batch.first())  # reads one row of one partition, then stops
 
-    transformed = transform_with_state(
-        read_stream(spark, tmp_path / "in"), "k", RunningCountSum(), OUTPUT_SCHEMA, root, NAME,
-        PARTITIONS, config=StoreConfig(local_dir=str(tmp_path / "local")),
-    )  # fmt: skip
-    query = (
-        transformed.writeStream.foreachBatch(sink)
-        .option("checkpointLocation", str(tmp_path / "ck"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    assert query.awaitTermination(180)
-    assert query.exception() is None
-    assert len(firsts) == len(batches)
+    batches = _run(spark, tmp_path, RunningCountSum(), sink)
+    assert len(firsts) == batches
     assert all(row is not None for row in firsts)
 
     # Every key's rows of every batch were counted once: no task stopped part-way.
     assert state_totals(read_state(spark, root, NAME)) == batch_totals(spark, tmp_path / "in")
     blobs = open_blob_store(root)
     try:
-        for batch_id in range(len(batches)):
+        for batch_id in range(batches):
             reports = read_reports(blobs, NAME, batch_id)
             assert sorted(r.partition for r in reports) == list(range(PARTITIONS))
             assert {r.version for r in reports} == {batch_id + 1}
