@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from statekeeper.errors import StateKeeperError
 from statekeeper.keyed import PickleCodec, StatefulProcessor, declared_ttls
 
 
@@ -98,6 +99,30 @@ def test_a_malformed_declaration_raises_the_handles_error(
 ) -> None:
     with pytest.raises(error, match=message):
         declared_ttls(Declared(**args), time_mode)
+
+
+class TwoKinds(StatefulProcessor):
+    """Declares ``x`` as a value state with a TTL, then again as an ``again`` state."""
+
+    def __init__(self, again: str) -> None:
+        self.again = again
+
+    def init(self, handle: Any) -> None:
+        handle.value_state("x", ttl=1)
+        getattr(handle, f"{self.again}_state")("x")
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        return iter(())
+
+
+@pytest.mark.parametrize("again", ["map", "list"])
+def test_a_name_declared_as_two_kinds_raises_the_handles_error(again: str) -> None:
+    with pytest.raises(StateKeeperError, match="state 'x' is already declared as a value state"):
+        declared_ttls(TwoKinds(again), None)
+
+
+def test_a_name_declared_again_as_the_same_kind_keeps_the_last_ttl() -> None:
+    assert declared_ttls(TwoKinds("value"), None) == {"x": None}
 
 
 def test_a_sound_event_time_declaration_passes() -> None:

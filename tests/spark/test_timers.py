@@ -17,6 +17,7 @@ from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 
 from statekeeper import StateBackend, StoreConfig
+from statekeeper.errors import StateKeeperError
 from statekeeper.keyed import iter_timers
 from statekeeper.spark import StatefulProcessor, batch_metrics, read_state, transform_with_state
 from tests.spark.helpers import T0, has_heartbeats, run_to_end, write_event_files
@@ -259,20 +260,32 @@ class BadlyDeclared(Stamping):
         self.count = handle.value_state("count", ttl=-5)
 
 
+class DeclaredTwice(Stamping):
+    def init(self, handle: Any) -> None:
+        self.count = handle.value_state("count")
+        self.counts = handle.map_state("count")
+
+
 @pytest.mark.spark
 @pytest.mark.parametrize(
-    ("processor", "message"),
+    ("processor", "error", "message"),
     [
         # a timer handler without a time mode
-        (EventSessions(), "EventSessions defines handle_expired_timer"),
+        (EventSessions(), ValueError, "EventSessions defines handle_expired_timer"),
         # a malformed declaration in init (checked on a copy, on the driver)
-        (BadlyDeclared(), "ttl must be a positive duration, got -5"),
+        (BadlyDeclared(), ValueError, "ttl must be a positive duration, got -5"),
+        # one name declared as two kinds of state (likewise)
+        (DeclaredTwice(), StateKeeperError, "'count' is already declared as a value state"),
     ],
 )
 def test_a_wrong_processor_is_refused_before_the_root_is_touched(
-    spark: SparkSession, tmp_path: Path, processor: StatefulProcessor, message: str
+    spark: SparkSession,
+    tmp_path: Path,
+    processor: StatefulProcessor,
+    error: type[Exception],
+    message: str,
 ) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(error, match=message):
         transform_with_state(
             _stream(spark, tmp_path / "in"), keys="k", processor=processor,
             output_schema=OUT, checkpoint=str(tmp_path / "root"), name="s", partitions=2,

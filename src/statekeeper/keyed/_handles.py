@@ -68,14 +68,23 @@ _WINDOW = 2048
 
 
 def check_declaration(
-    name: str, *, ttl: Ttl, codec: Codec | None, ttl_on: object, time_mode: str | None
+    name: str,
+    *,
+    ttl: Ttl,
+    codec: Codec | None,
+    ttl_on: object,
+    time_mode: str | None,
+    kind: str,
+    earlier: str | None,
 ) -> tuple[Codec, int | None]:
     """The checks of a state declaration that need no store (the state's name, its TTL and
-    the TTL's clock against the operator's ``time_mode``, the codec); returns the codec
-    (the default one for ``None``) and the TTL in milliseconds.
+    the TTL's clock against the operator's ``time_mode``, the codec, and the ``kind`` of
+    state against the kind ``earlier`` declared under that name by the same ``init``, if
+    any); returns the codec (the default one for ``None``) and the TTL in milliseconds.
 
     Raises:
         TypeError, ValueError: a malformed argument.
+        StateKeeperError: ``name`` was declared as another kind of state.
     """
     validate_state_name(name)
     if ttl_on not in TTL_CLOCKS:
@@ -97,7 +106,12 @@ def check_declaration(
     codec = DefaultCodec() if codec is None else codec
     if not (hasattr(codec, "encode") and hasattr(codec, "decode") and hasattr(codec, "name")):
         raise TypeError(f"codec must have name, encode and decode; got {codec!r}")
-    return codec, ttl_ms(ttl)
+    ttl_at = ttl_ms(ttl)
+    if earlier is not None and earlier != kind:
+        raise StateKeeperError(
+            f"state {name!r} is already declared as a {earlier} state in this processor"
+        )
+    return codec, ttl_at
 
 
 class StatefulProcessorHandle:
@@ -367,14 +381,11 @@ class StatefulProcessorHandle:
         ttl_on: str,
         schema: tuple[Any, int | None, Migrate | None],
     ) -> _S:
+        old = self._states.get(name) if isinstance(name, str) else None
         codec, ttl_at = check_declaration(
-            name, ttl=ttl, codec=codec, ttl_on=ttl_on, time_mode=self._time_mode
-        )
-        old = self._states.get(name)
-        if old is not None and type(old) is not cls:
-            raise StateKeeperError(
-                f"state {name!r} is already declared as a {old.kind} state in this processor"
-            )
+            name, ttl=ttl, codec=codec, ttl_on=ttl_on, time_mode=self._time_mode,
+            kind=cls.kind, earlier=None if old is None else old.kind,
+        )  # fmt: skip
         stored = self._stored_record()
         decl = None if stored is None else stored.states.get(name)
         # Another kind is refused by record_operator, with its own message.

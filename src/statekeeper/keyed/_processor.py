@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any, ClassVar, cast
 
+from statekeeper.errors import StateKeeperError
 from statekeeper.keyed._handles import StatefulProcessorHandle, check_declaration
 from statekeeper.keyed._schema import declare_schema
 from statekeeper.keyed._timers import ExpiredTimerInfo, TimerValues
@@ -162,7 +163,7 @@ class _NotADeclaration(Exception):
 class _BadDeclaration(Exception):
     """``init`` declared a state with a malformed argument (the handle's error inside)."""
 
-    def __init__(self, error: TypeError | ValueError) -> None:
+    def __init__(self, error: TypeError | ValueError | StateKeeperError) -> None:
         super().__init__(str(error))
         self.error = error
 
@@ -176,16 +177,18 @@ class _Opaque:
 
 class _Declarations:
     """A stand-in for :class:`StatefulProcessorHandle` on the driver: it checks each state
-    ``init`` declares as the handle does (all but a name declared again as another kind, and
-    the schemas the store records, which tasks check) and keeps its TTL; anything else (the
-    batch, timers, a state's values) ends the run."""
+    ``init`` declares as the handle does (all but the schemas the store records, which tasks
+    check) and keeps its TTL; anything else (the batch, timers, a state's values) ends the
+    run."""
 
     def __init__(self, time_mode: str | None) -> None:
         self.mode = time_mode
         self.ttls: dict[str, int | None] = {}
+        self.kinds: dict[str, str] = {}
 
-    def value_state(
+    def _declare(
         self,
+        kind: str,
         name: str,
         *,
         ttl: Any = None,
@@ -196,17 +199,26 @@ class _Declarations:
         migrate: Any = None,
     ) -> Any:
         try:
+            earlier = self.kinds.get(name) if isinstance(name, str) else None
             checked, ttl_ms = check_declaration(
-                name, ttl=ttl, codec=codec, ttl_on=ttl_on, time_mode=self.mode
-            )
+                name, ttl=ttl, codec=codec, ttl_on=ttl_on, time_mode=self.mode, kind=kind,
+                earlier=earlier,
+            )  # fmt: skip
             declare_schema(name, checked, schema, version=version, migrate=migrate, stored=None)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, StateKeeperError) as exc:
             raise _BadDeclaration(exc) from exc
+        self.kinds[name] = kind
         self.ttls[name] = ttl_ms
         return _Opaque()
 
-    map_state = value_state
-    list_state = value_state
+    def value_state(self, name: str, **args: Any) -> Any:
+        return self._declare("value", name, **args)
+
+    def map_state(self, name: str, **args: Any) -> Any:
+        return self._declare("map", name, **args)
+
+    def list_state(self, name: str, **args: Any) -> Any:
+        return self._declare("list", name, **args)
 
     def __getattr__(self, name: str) -> Any:
         raise _NotADeclaration(name)
@@ -224,6 +236,7 @@ def declared_ttls(
     Raises:
         TypeError, ValueError: ``init`` declares a state with a malformed argument (the
             error the handle raises in a task), so a query fails before it starts.
+        StateKeeperError: ``init`` declares one name as two kinds of state (likewise).
     """
     probe = _Declarations(time_mode)
     try:

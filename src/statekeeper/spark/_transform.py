@@ -222,7 +222,8 @@ def transform_with_state(
         TypeError: an argument has the wrong type (also in a declaration of ``init``).
         ConfigMismatchError: the root records another partition count for ``name``, or a
             time mode is asked of an operator of statekeeper 0.1.
-        StateKeeperError: the root cannot be read.
+        StateKeeperError: the root cannot be read, or ``processor.init`` declares one name
+            as two kinds of state.
     """
     if not isinstance(processor, StatefulProcessor):
         raise TypeError(
