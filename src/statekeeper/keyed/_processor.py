@@ -161,7 +161,8 @@ class _NotADeclaration(Exception):
 
 
 class _BadDeclaration(Exception):
-    """``init`` declared a state with a malformed argument (the handle's error inside)."""
+    """``init`` declared a state with a malformed argument, or one name as two kinds of
+    state (the handle's error inside)."""
 
     def __init__(self, error: TypeError | ValueError | StateKeeperError) -> None:
         super().__init__(str(error))
