@@ -77,6 +77,23 @@ def run(out: DataFrame, tmp: Path, name: str) -> dict[int, Counter[tuple[Any, ..
     return batches
 
 
+def assert_agree(
+    theirs: dict[int, Counter[tuple[Any, ...]]],
+    ours: dict[int, Counter[tuple[Any, ...]]],
+    batches: int,
+) -> None:
+    """Both engines ran micro-batches ``0 .. batches - 1``, and no other, and emitted the
+    same rows in each (the message names the rows only one of them emitted: assertions in
+    this module are not rewritten by pytest)."""
+    assert sorted(theirs) == sorted(ours) == list(range(batches)), (sorted(theirs), sorted(ours))
+    for b in range(batches):
+        only_ours, only_theirs = ours[b] - theirs[b], theirs[b] - ours[b]
+        assert ours[b] == theirs[b], (
+            f"micro-batch {b}: only statekeeper emitted {dict(only_ours)}, only Spark "
+            f"emitted {dict(only_theirs)}"
+        )
+
+
 def _hashable(value: Any) -> Any:
     """A map column's ``dict`` as its sorted items, so that rows can be counted."""
     return tuple(sorted(value.items())) if isinstance(value, dict) else value

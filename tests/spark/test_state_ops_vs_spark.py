@@ -30,7 +30,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor as SparkP
 from statekeeper import StoreConfig
 from statekeeper.spark import StatefulProcessor, transform_with_state
 from tests.spark import differential
-from tests.spark.differential import run, spark_tws, stream, write_batches
+from tests.spark.differential import assert_agree, run, spark_tws, stream, write_batches
 from tests.spark.helpers import pickled_by_value
 
 pytestmark = pytest.mark.spark
@@ -205,9 +205,7 @@ def test_random_state_operations_agree_with_spark(spark: SparkSession, tmp_path:
     )  # fmt: skip
     ours = run(ours_df, tmp_path, "sk")
 
-    assert sorted(theirs) == sorted(ours) == list(range(len(BATCHES)))
-    for b in range(len(BATCHES)):
-        assert ours[b] == theirs[b], f"micro-batch {b}"
+    assert_agree(theirs, ours, len(BATCHES))
     # Every operation ran, on Spark too, and states were seen both empty and full, so the
     # comparison covers what it says.
     ran = {op for batch in theirs.values() for (_, _, op, _) in batch}

@@ -46,7 +46,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor as SparkP
 from statekeeper import StoreConfig
 from statekeeper.spark import StatefulProcessor, read_state, transform_with_state
 from tests.spark import differential
-from tests.spark.differential import T0, ms, run, spark_tws, stream, write_batches
+from tests.spark.differential import T0, assert_agree, ms, run, spark_tws, stream, write_batches
 from tests.spark.helpers import pickled_by_value
 
 pytestmark = pytest.mark.spark
@@ -306,9 +306,7 @@ def test_processing_time_timers_agree_with_spark_where_deterministic(
     )  # fmt: skip
     ours = run(ours_df, tmp_path, "sk")
 
-    assert sorted(theirs) == sorted(ours) == list(range(len(batches)))
-    for b in range(len(batches)):
-        assert ours[b] == theirs[b], f"micro-batch {b}"
+    assert_agree(theirs, ours, len(batches))
     # A timer at or before the batch timestamp fires in the batch that armed it; 1 ms later
     # in the next batch
     assert theirs[0] == Counter({(k, w, True): 1 for k in "pq" for w in ("in", "past", "now")})
@@ -399,9 +397,7 @@ def test_initial_state_agrees_with_spark_batch_by_batch(
     )  # fmt: skip
     ours = run(ours_df, tmp_path, "sk")
 
-    assert sorted(theirs) == sorted(ours) == [0, 1, 2]
-    for b in range(3):
-        assert ours[b] == theirs[b], f"micro-batch {b}"
+    assert_agree(theirs, ours, 3)
     assert theirs[0] == Counter({("a", 1, 11): 1, ("d", 1, 0): 1})
     spark_values = _spark_state(spark, tmp_path / "cp-spark", "count")
     sk_values, _ = _sk_state(spark, tmp_path / "root")
@@ -438,9 +434,7 @@ def test_event_time_timers_agree_with_spark_across_a_restart(
     theirs = spark_tws(spark, tmp_path, "spark", spark_plan, no_data=False)
     ours = run(ours_plan("local-after-restart"), tmp_path, "sk")
 
-    assert sorted(theirs) == sorted(ours) == list(range(len(EVENT_BATCHES)))
-    for b in range(len(EVENT_BATCHES)):
-        assert ours[b] == theirs[b], f"micro-batch {b}"
+    assert_agree(theirs, ours, len(EVENT_BATCHES))
     # The restart's first batch has the watermark of the batches before it (wm 25, late
     # 15: i and j dropped), and timers armed before the restart fire after it.
     assert not {r[0] for r in theirs[3]} & {"i", "j"}
@@ -582,9 +576,7 @@ def test_random_timer_operations_agree_with_spark(spark: SparkSession, tmp_path:
     )  # fmt: skip
     ours = run(ours_df, tmp_path, "sk")
 
-    assert sorted(theirs) == sorted(ours) == list(range(len(TIMER_BATCHES)))
-    for b in range(len(TIMER_BATCHES)):
-        assert ours[b] == theirs[b], f"micro-batch {b}"
+    assert_agree(theirs, ours, len(TIMER_BATCHES))
     _, sk_timers = _sk_state(spark, tmp_path / "root")
     assert sk_timers == _spark_timers(spark, tmp_path / "cp-spark")
     # The seed covers what the test says: every row operation and every firing branch ran,
