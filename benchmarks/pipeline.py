@@ -616,15 +616,18 @@ def _warm_up(spark: Any, work: Path, variants: list[str], batches: int) -> dict[
 
     df = spark.read.parquet(str(work / "input"))
     df.groupBy("k").agg(F.sum("v")).write.format("noop").mode("overwrite").save()
-    warm, ran = work / "warm", {}
+    if not batches:
+        return {}
+    warm = work / "warm"
     for name in ("input", "input-peers"):
         (warm / name).mkdir(parents=True)
         for i in range(batches):
             file = f"part-{i:05d}.parquet"
             os.link(work / "input" / file, warm / name / file)
-    for variant in variants if batches else []:
-        local = str(warm / "sk-local" / variant)
-        ran[variant] = len(_run_query(spark, variant, warm, local)["batch_ms"])
+    ran = {
+        variant: len(_run_query(spark, variant, warm, str(warm / "sk-local" / variant))["batch_ms"])
+        for variant in variants
+    }
     shutil.rmtree(warm)
     return ran
 
