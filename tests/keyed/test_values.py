@@ -66,6 +66,58 @@ def _comparable(value: object) -> object:
     return value
 
 
+GOLDEN = [
+    (7, "01030000000000000007"),
+    (-1.5, "0105bff8000000000000"),
+    ((12345, 987654321), "01090203000000000000303903000000003ade68b1"),
+    ([1, 2.5, -3], "01080303000000000000000105400400000000000003fffffffffffffffd"),
+    ((2**63, True, None, "é"), "010904040900800000000000000002000602c3a9"),
+    ((), "010900"),
+    ([], "010800"),
+    ({"a": (1, 2.0)}, "010a010601610902030000000000000001054000000000000000"),
+    ([[1, 2], (3,)], "01080208020300000000000000010300000000000000020901030000000000000003"),
+]
+
+
+@pytest.mark.parametrize(("value", "stored"), GOLDEN, ids=[repr(v) for v, _ in GOLDEN])
+def test_stored_bytes_do_not_change(value: object, stored: str) -> None:
+    """The bytes are the on-storage format: every encoding path (the fast ones for ints,
+    floats and flat tuples or lists of them included) writes exactly these, and reads them
+    back with their types."""
+    codec = DefaultCodec()
+    assert codec.encode(value).hex() == stored
+    decoded = codec.decode(bytes.fromhex(stored))
+    assert decoded == value
+    assert type(decoded) is type(value)
+
+
+numbers = st.one_of(
+    st.integers(min_value=-(2**64), max_value=2**64),
+    st.floats(allow_nan=False),
+    st.booleans(),
+    st.none(),
+)
+
+
+@given(st.one_of(st.lists(numbers, max_size=140), st.lists(numbers, max_size=9).map(tuple)))
+def test_flat_tuples_and_lists_of_numbers_round_trip(value: list[object] | tuple[object]) -> None:
+    """Flat tuples and lists of ints and floats take a fast path both ways; big ints, bools,
+    ``None`` and 128 or more elements (a two-byte count) among them must still come back
+    as they went in."""
+    codec = DefaultCodec()
+    decoded = codec.decode(codec.encode(value))
+    assert decoded == value
+    assert type(decoded) is type(value)
+    assert [type(v) for v in decoded] == [type(v) for v in value]
+
+
+def test_flat_numbers_keep_nan_and_signed_zero() -> None:
+    codec = DefaultCodec()
+    nan, zero = codec.decode(codec.encode((float("nan"), -0.0)))
+    assert nan != nan
+    assert str(zero) == "-0.0"
+
+
 def test_numpy_and_pandas_values_are_stored_as_python_values() -> None:
     codec = DefaultCodec()
     assert codec.decode(codec.encode(np.int64(5))) == 5

@@ -44,6 +44,12 @@ _F64 = struct.Struct(">d")
 _TD = struct.Struct(">qqq")
 _INT_HEAD = bytes([DEFAULT_FORMAT, _INT])
 _FLOAT_HEAD = bytes([DEFAULT_FORMAT, _FLOAT])
+_TAGGED_I64 = struct.Struct(">Bq").pack
+_TAGGED_F64 = struct.Struct(">Bd").pack
+_FLAT_TAGS = {_INT: "xq", _FLOAT: "xd"}
+_NUMBER_TAGS = bytes(_FLAT_TAGS)
+_MAX_FLAT = 16
+"""Elements of the longest tuple or list of numbers decoded by one cached ``Struct``."""
 
 
 @runtime_checkable
@@ -88,7 +94,10 @@ class DefaultCodec:
         if kind is float:
             return _FLOAT_HEAD + _F64.pack(value)
         out = bytearray((DEFAULT_FORMAT,))
-        _encode(value, out, 0)
+        if kind is tuple or kind is list:
+            _encode_container(value, out, 0)
+        else:
+            _encode(value, out, 0)
         return bytes(out)
 
     def decode(self, data: bytes) -> Any:
@@ -97,7 +106,16 @@ class DefaultCodec:
         Raises:
             CorruptStateError: an unknown format byte, pickled data, or malformed bytes.
         """
-        if not data:
+        size = len(data)
+        if size >= 3 and data[0] == DEFAULT_FORMAT:  # the common shapes first, as encode
+            tag = data[1]
+            if size == 10 and (tag == _INT or tag == _FLOAT):  # noqa: SIM109 (no tuple per call)
+                return (_I64 if tag == _INT else _F64).unpack_from(data, 2)[0]
+            if tag == _TUPLE or tag == _LIST:  # noqa: SIM109
+                flat = _decode_flat(data)
+                if flat is not None:
+                    return flat
+        elif not data:
             raise CorruptStateError("state value is empty: expected a format byte")
         fmt = data[0]
         if fmt == PICKLE_FORMAT:
@@ -238,7 +256,15 @@ def _encode_container(value: Any, out: bytearray, depth: int) -> None:
     out.append(_TUPLE if isinstance(value, tuple) else _LIST)
     varint(len(value), out)
     for item in value:
-        _encode(item, out, depth + 1)
+        # Ints and floats inline: a tuple of numbers is the commonest state value, and a
+        # call per element costs as much again (the bytes are _encode's).
+        kind = type(item)
+        if kind is int and -(2**63) <= item < 2**63:
+            out += _TAGGED_I64(_INT, item)
+        elif kind is float:
+            out += _TAGGED_F64(_FLOAT, item)
+        else:
+            _encode(item, out, depth + 1)
 
 
 def _encode_other(value: Any, out: bytearray, depth: int) -> None:
@@ -340,6 +366,37 @@ def _read_raw(data: memoryview, pos: int) -> tuple[bytes, int]:
     if end > len(data):
         raise ValueError("length runs past the end of the value")
     return bytes(data[pos:end]), end
+
+
+class _FlatStructs(dict[bytes, Any]):
+    """The element tags of a tuple or list of numbers -> the ``unpack`` of a ``Struct``
+    reading its whole value; cleared when it grows past 256 shapes."""
+
+    def __missing__(self, tags: bytes) -> Any:
+        if len(self) >= 256:
+            self.clear()
+        unpack = struct.Struct(">3x" + "".join(_FLAT_TAGS[t] for t in tags)).unpack
+        self[tags] = unpack
+        return unpack
+
+
+_flat_structs = _FlatStructs()
+
+
+def _decode_flat(data: bytes) -> Any:
+    """Of a value whose tag (``data[1]``) is a tuple's or a list's: a tuple or list of up
+    to :data:`_MAX_FLAT` int64s and floats, read by one ``Struct`` call (half of the
+    general decoder's time); ``None`` for any other value. Exactly what :func:`_decode`
+    reads there: with a one-byte count, every element is a tag and 8 bytes, so the tags sit
+    every 9 bytes from the fourth byte."""
+    size = len(data)
+    if size > 3 + 9 * _MAX_FLAT or size != 3 + 9 * data[2]:
+        return None
+    tags = bytes(data[3::9])
+    if tags.strip(_NUMBER_TAGS):
+        return None
+    values = _flat_structs[tags](data)
+    return values if data[1] == _TUPLE else list(values)
 
 
 def _decode(data: memoryview, pos: int, depth: int = 0) -> tuple[Any, int]:
