@@ -366,3 +366,34 @@ def test_copies_unused_for_the_ttl_are_deleted_but_held_ones_are_not(
     assert restored.store.get(b"k") == b"0"
     cache.release(restored, ok=True)
     assert cache.sweep_local_copies(now=later) == [path[1]]  # released by the other process
+
+
+def test_asking_ahead_hands_an_idle_store_over_before_the_acquire(spec: StoreSpec) -> None:
+    """A task asks for its store before reading its input: the worker holding it idle lets
+    go meanwhile, so the acquire after the input finds the lock free."""
+    first, second = StoreCache(), StoreCache()
+    try:
+        lease = first.acquire(spec, 0, 0)
+        lease.store.put(b"k", b"v")
+        lease.store.commit()
+        first.release(lease, ok=True)
+        first.ask(spec, 0)  # its own store: nothing is asked, the store stays open
+        path = first.backend(spec).local_path("op", 0)
+        assert not StoreLock(path).requested()
+        time.sleep(0.1)
+        assert len(first.open_keys()) == 1
+        second.ask(spec, 0)  # another worker's task starts reading its input
+        deadline = time.monotonic() + 5
+        while first.open_keys() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert first.open_keys() == []  # handed over before the acquire
+        lock = StoreLock(path)
+        assert lock.try_acquire()  # the lock is free: the acquire will not wait
+        lock.release()
+        handed = second.acquire(spec, 0, 1)
+        assert handed.store.get(b"k") == b"v"
+        assert not StoreLock(path).requested()  # the acquire served the request
+        second.release(handed, ok=True)
+    finally:
+        first.close_all()
+        second.close_all()

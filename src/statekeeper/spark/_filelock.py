@@ -82,7 +82,7 @@ class StoreLock:
                 waited = time.monotonic() - started
                 if waited >= timeout_s:
                     raise StoreBusyError(self._busy_message(fd, waited))
-                self._request()
+                self.ask()
                 time.sleep(_POLL_FAST_S if waited < _FAST_FOR_S else _POLL_SLOW_S)
         except BaseException:
             os.close(fd)
@@ -145,7 +145,10 @@ class StoreLock:
         except OSError as exc:
             raise StateKeeperError(f"cannot open the lock file {self.path}: {exc}") from exc
 
-    def _request(self) -> None:
+    def ask(self) -> None:
+        """Ask the holder to let go once idle (the request file), without waiting; the
+        process that takes the lock next removes the request. Never raises: a request that
+        could not be made only makes a later :meth:`acquire` wait longer."""
         with contextlib.suppress(OSError):
             os.close(os.open(self.request_path, os.O_WRONLY | os.O_CREAT, 0o644))
 

@@ -7,6 +7,8 @@ commits version ``b + 1`` with the attempt's order, so a task that fails or whos
 abandoned commits nothing; then it writes its task report into the root. A keyed task reads
 its whole input first, with bounded memory (:mod:`statekeeper.keyed.grouping`): a key's
 rows may come last, and with event time the handle needs the batch's largest event time.
+Before reading anything a task asks for its store (:meth:`StoreCache.ask`), so that a
+handover from another Python worker overlaps the reading.
 """
 
 from __future__ import annotations
@@ -118,8 +120,18 @@ def _commit(store: StateStore, spec: TaskSpec, ctx: TaskIdentity) -> CommitInfo:
         ) from exc
 
 
+def _ask_ahead(spec: TaskSpec) -> None:
+    """Ask for the store of this task's partition before reading the input
+    (:meth:`StoreCache.ask`): the task id is the state partition (``_identity`` checks it
+    against the data later)."""
+    tc = TaskContext.get()
+    if tc is not None and tc.partitionId() < spec.store.partitions:
+        CACHE.ask(spec.store, tc.partitionId())
+
+
 def rows_task(spec: TaskSpec, processor: StatefulProcessor, batches: Any) -> Iterator[Any]:
     started = time.perf_counter()
+    _ask_ahead(spec)
     # The whole input is read before the first key runs (a key's rows may come last), into
     # runs spilled by key group beyond a budget: memory stays bounded (keyed.grouping).
     source = KeyedInput(
@@ -169,6 +181,7 @@ def _spill_dir() -> str | None:
 
 def arrow_task(spec: TaskSpec, fn: ArrowFunction, batches: Any) -> Iterator[Any]:
     started = time.perf_counter()
+    _ask_ahead(spec)
     data_partition, stripped = peek_partition(iter(batches), spec.partitioning)
     ctx = _identity(spec, data_partition)
     lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id, spec.generation)
