@@ -100,7 +100,9 @@ numbers = st.one_of(
 
 
 @given(st.one_of(st.lists(numbers, max_size=140), st.lists(numbers, max_size=9).map(tuple)))
-def test_flat_tuples_and_lists_of_numbers_round_trip(value: list[object] | tuple[object]) -> None:
+def test_flat_tuples_and_lists_of_numbers_round_trip(
+    value: list[object] | tuple[object, ...],
+) -> None:
     """Flat tuples and lists of ints and floats take a fast path both ways; big ints, bools,
     ``None`` and 128 or more elements (a two-byte count) among them must still come back
     as they went in."""

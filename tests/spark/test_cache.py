@@ -383,13 +383,14 @@ def test_asking_ahead_hands_an_idle_store_over_before_the_acquire(spec: StoreSpe
         time.sleep(0.1)
         assert len(first.open_keys()) == 1
         second.ask(spec, 0)  # another worker's task starts reading its input
-        deadline = time.monotonic() + 5
-        while first.open_keys() and time.monotonic() < deadline:
+        # The holder's janitor takes the store out of its cache, then closes it and unlocks
+        # on a thread of its own: wait for the lock to be free, with no acquire pending.
+        lock, deadline = StoreLock(path), time.monotonic() + 5
+        while not lock.try_acquire() and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert first.open_keys() == []  # handed over before the acquire
-        lock = StoreLock(path)
-        assert lock.try_acquire()  # the lock is free: the acquire will not wait
+        assert lock.held  # handed over before the acquire: the acquire will not wait
         lock.release()
+        assert first.open_keys() == []
         handed = second.acquire(spec, 0, 1)
         assert handed.store.get(b"k") == b"v"
         assert not StoreLock(path).requested()  # the acquire served the request
