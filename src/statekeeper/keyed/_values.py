@@ -219,8 +219,7 @@ def _encode(value: Any, out: bytearray, depth: int) -> None:
     elif kind is int:
         _encode_int(value, out)
     elif kind is float:
-        out.append(_FLOAT)
-        out += _F64.pack(value)
+        out += _TAGGED_F64(_FLOAT, value)
     elif kind is str:
         raw = value.encode("utf-8")
         out.append(_STR)
@@ -234,8 +233,7 @@ def _encode(value: Any, out: bytearray, depth: int) -> None:
 
 def _encode_int(value: int, out: bytearray) -> None:
     if -(2**63) <= value < 2**63:
-        out.append(_INT)
-        out += _I64.pack(value)
+        out += _TAGGED_I64(_INT, value)
         return
     raw = value.to_bytes((value.bit_length() + 8) // 8, "big", signed=True)
     out.append(_BIGINT)
@@ -256,8 +254,8 @@ def _encode_container(value: Any, out: bytearray, depth: int) -> None:
     out.append(_TUPLE if isinstance(value, tuple) else _LIST)
     varint(len(value), out)
     for item in value:
-        # Ints and floats inline: a tuple of numbers is the commonest state value, and a
-        # call per element costs as much again (the bytes are _encode's).
+        # _encode's int and float branches inline: a tuple of numbers is the commonest
+        # state value, and a call per element costs as much again.
         kind = type(item)
         if kind is int and -(2**63) <= item < 2**63:
             out += _TAGGED_I64(_INT, item)

@@ -193,11 +193,11 @@ class StoreCache:
             StateKeeperError, ValueError: as :class:`StateBackend`.
         """
         backend = self.backend(spec)
-        path = backend.local_path(spec.operator, partition)
+        key = _entry_key(backend, spec, partition)
         with self._mutex:
-            if (path, spec.operator, partition) in self._entries:
+            if key in self._entries:
                 return
-        StoreLock(path).ask()
+        StoreLock(key[0]).ask()
 
     def release(self, lease: Lease, *, ok: bool) -> None:
         """Give a store back: kept open if the task succeeded, closed and forgotten if not."""
@@ -229,9 +229,8 @@ class StoreCache:
 
     def _checkout(self, spec: StoreSpec, partition: int) -> _Entry:
         backend = self.backend(spec)
-        # The working copy's folder: one lock per folder, whichever root URI spelling.
-        path = backend.local_path(spec.operator, partition)
-        key = (path, spec.operator, partition)
+        key = _entry_key(backend, spec, partition)
+        path = key[0]
         # <local_dir>/<root key>/<operator>/<partition>: the sweep stays inside this root.
         root_folder = os.path.dirname(os.path.dirname(path))
         ttl = backend.config.local_copy_ttl_s
@@ -336,6 +335,12 @@ class StoreCache:
                 len(removed), ", ".join(removed),
             )  # fmt: skip
         return removed
+
+
+def _entry_key(backend: StateBackend, spec: StoreSpec, partition: int) -> tuple[str, str, int]:
+    """A store's key in the cache: its working copy's folder (one lock per folder, whichever
+    root URI spelling), operator and partition."""
+    return (backend.local_path(spec.operator, partition), spec.operator, partition)
 
 
 def _idle_since(entry: _Entry) -> float:
