@@ -87,7 +87,9 @@ def test_damage_met_at_open_sets_the_copy_aside_and_restores(
     assert str(copy) in _warnings(caplog)
 
 
-@pytest.mark.parametrize("step", [1, 10], ids=["read in order", "read key by key"])
+@pytest.mark.parametrize(
+    "step", [1, 3, 10], ids=["read in order", "read in order with gaps", "read key by key"]
+)
 def test_damage_met_at_first_read_rebuilds_and_answers(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, step: int
 ) -> None:

@@ -4,7 +4,8 @@
   shared budget (:data:`SHARED_MEMORY`) and their compactions on low-priority threads.
 - :func:`read_range` and :func:`scan`: the one ordered read of a database, checked so that
   it never comes out shorter without an error; :func:`checked_items` for readers of a
-  whole database other than a store.
+  whole database other than a store; :func:`read_values`, the values of many keys in
+  order, checked the same way.
 - :func:`fill_columns` and :func:`fill_pairs`: a commit's changes into a write batch.
 
 :mod:`statekeeper.store._working_copy` builds the labelled copy of one store on these.
@@ -17,7 +18,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Iterator
-from typing import cast
+from typing import Any, cast
 
 import rocksdict
 
@@ -32,6 +33,7 @@ __all__ = [
     "fill_pairs",
     "options",
     "read_range",
+    "read_values",
     "scan",
 ]
 
@@ -93,6 +95,62 @@ def read_range(
     finally:
         del it
     return items
+
+
+def read_values(
+    db: rocksdict.Rdict, keys: list[bytes], per_key: int, grace: int
+) -> tuple[list[bytes | None], int]:
+    """The values of ``keys`` (ascending, repeats allowed, not empty) by one ordered pass
+    over ``db`` from the first key to the last: the keys merged with the items, no lookup
+    per key and no item kept that was not asked for. The pass steps over at most ``grace``
+    items plus ``per_key`` for each key it has answered; where it would step over more, the
+    keys are too sparse for it and it stops. It returns the values of the keys it answered,
+    in order, and their number (all of them unless it stopped: the caller reads the rest
+    another way).
+
+    Measured with the pipeline benchmark's keys and 16-byte values: 0.23 µs per item
+    stepped over in a compacted database, 0.4-0.6 µs over a few sorted runs (memtable, L0
+    files), plus 0.1 µs per key, against 1.25 µs per key for a get; so it pays for keys that
+    are a third of the items in their range or more. Half the cost of :func:`read_range`
+    and a dictionary of its items.
+
+    RocksDB's iterator becomes invalid at the end of its range and at an error, which
+    ``status()`` then raises: keys past the point where it became invalid are answered as
+    absent only once it reports none.
+
+    Raises:
+        Exception: RocksDB failed the read (rocksdict raises a bare Exception).
+    """
+    bounded = rocksdict.ReadOptions()
+    bounded.set_iterate_upper_bound(keys[-1] + b"\x00")  # exclusive: just above the last
+    it: Any = db.iter(bounded)
+    # Bound methods keep the iterator alive: all are dropped in ``finally``, so that a
+    # traceback keeping this frame does not keep the database open (see read_range).
+    valid: Any = None
+    key: Any = None
+    value: Any = None
+    step: Any = None
+    try:
+        it.seek(keys[0])
+        valid, key, value, step = it.valid, it.key, it.value, it.next
+        values: list[bytes | None] = []
+        append = values.append
+        have: bytes | None = key() if valid() else None
+        allowance = grace
+        for want in keys:
+            while have is not None and have < want:
+                if not allowance:
+                    return values, len(values)
+                allowance -= 1
+                step()
+                have = key() if valid() else None
+            append(value() if have == want else None)
+            allowance += per_key
+        if have is None:
+            it.status()  # the error that ended the pass early, if any
+        return values, len(values)
+    finally:
+        it = valid = key = value = step = None
 
 
 def scan(
