@@ -2,10 +2,10 @@
 
 - :func:`options`: the options of every working copy, their memory drawn from the process's
   shared budget (:data:`SHARED_MEMORY`) and their compactions on low-priority threads.
-- :func:`read_range` and :func:`scan`: the one ordered read of a database, checked so that
-  it never comes out shorter without an error; :func:`checked_items` for readers of a
-  whole database other than a store; :func:`read_values`, the values of many keys in
-  order, checked the same way.
+- :func:`read_range` and :func:`scan`: the ordered read of items, checked so that it never
+  comes out shorter without an error; :func:`checked_items` for readers of a whole database
+  other than a store; :func:`read_values`, the values of many keys in one ordered pass
+  (dense multi-gets), which never answers a key as absent past an error either.
 - :func:`fill_columns` and :func:`fill_pairs`: a commit's changes into a write batch.
 
 :mod:`statekeeper.store._working_copy` builds the labelled copy of one store on these.
@@ -55,8 +55,9 @@ def read_range(
 ) -> list[tuple[bytes, bytes]]:
     """Up to ``limit`` items of ``db`` from ``start`` (inclusive) below ``upper``
     (exclusive; ``None``: to the end), in key order: all there are, unless ``limit`` are
-    returned. The one ordered read of a database (scans, dense multi-gets, whole-database
-    reads), so its check is in one place.
+    returned. The ordered read of items (scans, whole-database reads), so its check is in
+    one place; :func:`read_values` reads values of given keys with RocksDB's own iterator,
+    whose ``status()`` it checks directly.
 
     rocksdict's item iterator ends quietly where RocksDB's iterator meets an error (seen:
     1,476 of 3,000 items and no exception, at a flipped SST byte), so a read shorter than
