@@ -3,17 +3,21 @@ its removal, on a real RocksDB."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import rocksdict
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from statekeeper.changelog import Columns
 from statekeeper.errors import StateKeeperError
@@ -208,6 +212,52 @@ def test_multi_get_answers_as_gets_do_whichever_way_it_reads(
         assert counted.gets == 0
     assert copy.multi_get([]) == []
     copy.close()
+
+
+_KEYS = st.binary(min_size=1, max_size=3).map(lambda k: k.replace(b"\xff", b"\xfe"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    writes=st.lists(
+        st.lists(st.tuples(_KEYS, st.one_of(st.none(), st.binary(max_size=4))), max_size=30),
+        min_size=1,
+        max_size=3,
+    ),
+    asked=st.lists(_KEYS, min_size=1, max_size=40),
+    per_key=st.integers(0, 3),
+    grace=st.integers(0, 8),
+)
+def test_read_values_answers_a_prefix_of_the_keys_as_gets_do(
+    writes: list[list[tuple[bytes, bytes | None]]], asked: list[bytes], per_key: int, grace: int
+) -> None:
+    """Puts and deletes over several flushed files and a memtable, keys asked in ascending
+    order with repeats: the keys the pass answers are a prefix, answered as gets answer
+    them, and it stops where it would step over more items than it was allowed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        db = rocksdict.Rdict(tmp, rocksdict.Options(raw_mode=True))
+        try:
+            for batch in writes:
+                for key, value in batch:
+                    if value is None:
+                        db.delete(key)
+                    else:
+                        db.put(key, value)
+                db.flush()
+            db.put(b"\x00", b"memtable")  # one item in the memtable, below every key asked
+            asked.sort()
+            values, answered = _rocks.read_values(db, asked, per_key, grace)
+            assert len(values) == answered <= len(asked)
+            assert values == [db.get(k) for k in asked[:answered]]
+            # To answer key n it steps over the items from the first key asked up to key n:
+            # it stops at the first n for which those are more than grace + per_key * n.
+            live = [k for k, _ in _rocks.read_range(db, asked[0], asked[-1], 1 << 20)]
+            over = (
+                n for n, k in enumerate(asked) if bisect.bisect_left(live, k) > grace + per_key * n
+            )
+            assert answered == next(over, len(asked))
+        finally:
+            db.close()
 
 
 def test_multi_get_in_order_reads_in_order_where_unordered_keys_would_not(
