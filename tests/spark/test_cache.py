@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from statekeeper import StateKeeperError, StateNotFoundError, StoreConfig
+from statekeeper import StateKeeperError, StateNotFoundError, StoreConfig, layout
 from statekeeper.spark import StoreBusyError
 from statekeeper.spark._cache import StoreCache, StoreSpec
 from statekeeper.spark._filelock import StoreLock
@@ -99,6 +99,34 @@ def test_a_failed_task_leaves_nothing_behind(cache: StoreCache, spec: StoreSpec)
     again = cache.acquire(spec, 0, 0)
     assert not again.reused
     assert again.store.get(b"k") is None
+    cache.release(again, ok=True)
+
+
+def test_a_store_not_kept_is_closed_with_its_snapshot_uploaded_when_released(
+    cache: StoreCache, tmp_path: Path
+) -> None:
+    """Without Python worker reuse a task's process ends right after the task, background
+    threads and all: ``keep=False`` closes the store, uploads its due snapshot and unlocks
+    its working copy before ``release`` returns."""
+    config = StoreConfig(local_dir=str(tmp_path / "local"), snapshot_every=1)
+    spec = StoreSpec(str(tmp_path / "root"), "op", 2, config, (), 5.0, keep_open=False)
+    lease = cache.acquire(spec, 0, 0)
+    lease.store.put(b"k", b"v")
+    lease.store.commit()
+    cache.release(lease, ok=True, keep=spec.keep_open)
+    assert lease.store.closed
+    assert cache.open_keys() == []
+    backend = cache.backend(spec)
+    keys = [m.key for m in backend.blobs.list(layout.snapshot_prefix("op", 0))]
+    assert [layout.parse_attempt_snapshot_key(k)[0] for k in keys] == [1]  # type: ignore[index]
+    lock = StoreLock(backend.local_path("op", 0))
+    assert lock.try_acquire()
+    lock.release()
+    again = cache.acquire(spec, 0, 1)
+    assert again.restore is not None
+    assert again.restore.base_kind == "local"
+    assert again.restore.changelogs_replayed == 0  # version 1 was on disk
+    assert again.store.get(b"k") == b"v"
     cache.release(again, ok=True)
 
 

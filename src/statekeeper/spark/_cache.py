@@ -13,6 +13,10 @@ executor's block manager folders under ``spark.local.dir``), so two executors ne
 working copy even on one host, and an executor's copies go away with it. Outside a Spark
 worker the library default applies.
 
+Without worker reuse (``spark.python.worker.reuse=false``) a worker ends right after its task
+without running exit handlers: the task closes its store before it ends
+(:attr:`StoreSpec.keep_open`), so that nothing is left to background threads.
+
 An open store holds its working copy's :class:`StoreLock` for as long as it stays cached.
 A janitor thread per worker bounds what the worker holds (issue 12):
 
@@ -66,6 +70,12 @@ class StoreSpec:
     config: StoreConfig
     storage_options: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     lock_timeout_s: float = 120.0
+    keep_open: bool = True
+    """Whether a task leaves its store open for the worker's next task. ``False`` where
+    Spark does not reuse Python workers (``spark.python.worker.reuse=false``): a worker
+    then ends right after its task without running exit handlers, and the work a store
+    leaves to background threads (its due snapshot's upload, its buffered commit metrics,
+    its memtable's flush) would end with it, so each task closes its store itself."""
 
     @staticmethod
     def options(storage_options: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
@@ -199,10 +209,19 @@ class StoreCache:
                 return
         StoreLock(key[0]).ask()
 
-    def release(self, lease: Lease, *, ok: bool) -> None:
-        """Give a store back: kept open if the task succeeded, closed and forgotten if not."""
+    def release(self, lease: Lease, *, ok: bool, keep: bool = True) -> None:
+        """Give a store back: kept open if the task succeeded, closed and forgotten if not.
+
+        With ``keep=False`` a successful task's store is closed too, before this returns:
+        its write-behind applied, its memtable flushed, its metrics written and its due
+        snapshot uploaded (:attr:`StoreSpec.keep_open`). A failure there is logged, not
+        raised: the commit stands, and the next open catches the copy up.
+        """
         if not ok:
             self._evict(lease.entry)
+            return
+        if not keep:
+            self._evict(lease.entry, logged=True)
             return
         with self._mutex:
             lease.entry.busy = False
@@ -258,11 +277,11 @@ class StoreCache:
         self._wake.set()  # one more open: the budget may be exceeded
         return entry
 
-    def _evict(self, entry: _Entry) -> None:
+    def _evict(self, entry: _Entry, *, logged: bool = False) -> None:
         with self._mutex:
             if self._entries.get(entry.key) is entry:
                 del self._entries[entry.key]
-        _shutdown(entry)
+        (_shutdown_logged if logged else _shutdown)(entry)
 
     def _start_janitor(self) -> None:
         with self._mutex:

@@ -418,8 +418,9 @@ def _prepare(
     # Workers must open the same root: a relative local path would resolve in their cwd.
     root = checkpoint if "://" in checkpoint else blobs.uri
     store = StoreSpec(
-        root, name, partitions, config, StoreSpec.options(storage_options), float(lock_timeout_s)
-    )
+        root, name, partitions, config, StoreSpec.options(storage_options),
+        float(lock_timeout_s), keep_open=_reuses_workers(spark),
+    )  # fmt: skip
     key_schema = T.StructType([df.schema[k] for k in key_names]).json()
     return TaskSpec(
         store, tuple(key_names), key_schema, _arrow_schema(spark, schema), ts_column,
@@ -439,6 +440,12 @@ def _refuse_speculation(spark: SparkSession) -> None:
             "copy of a task would run a partition's processor twice at once on one store, "
             "and only one of them may commit its state. Turn speculation off for this query"
         )
+
+
+def _reuses_workers(spark: SparkSession) -> bool:
+    """Whether Spark's Python workers run more than one task (``spark.python.worker.reuse``,
+    on by default): only then may a task leave its store open for the next one."""
+    return str(spark.conf.get("spark.python.worker.reuse", "true")).strip().lower() != "false"
 
 
 def _key_names(keys: str | Sequence[str]) -> list[str]:
