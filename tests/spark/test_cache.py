@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from statekeeper import StateKeeperError, StateNotFoundError, StoreConfig, layout
+from statekeeper.metrics import read_commit_metrics
 from statekeeper.spark import StoreBusyError
-from statekeeper.spark._cache import StoreCache, StoreSpec
+from statekeeper.spark._cache import IDLE_CLOSE_S, StoreCache, StoreSpec
 from statekeeper.spark._filelock import StoreLock
 
 
@@ -128,6 +129,41 @@ def test_a_store_not_kept_is_closed_with_its_snapshot_uploaded_when_released(
     assert again.restore.changelogs_replayed == 0  # version 1 was on disk
     assert again.store.get(b"k") == b"v"
     cache.release(again, ok=True)
+
+
+def test_an_idle_store_is_closed_durably_before_spark_would_end_its_worker(
+    tmp_path: Path,
+) -> None:
+    """Spark ends idle Python workers after a minute without running exit handlers; the
+    janitor closes a store idle for ``idle_close_s`` first: its copy unlocked, its commit on
+    local disk (nothing to replay) and its commit metrics written."""
+    assert IDLE_CLOSE_S < 60
+    config = StoreConfig(local_dir=str(tmp_path / "local"), metrics_every=100)
+    spec = StoreSpec(str(tmp_path / "root"), "op", 2, config, (), 5.0)
+    cache = StoreCache(idle_close_s=0.3)
+    try:
+        lease = cache.acquire(spec, 0, 0)
+        lease.store.put(b"k", b"v")
+        lease.store.commit()
+        cache.release(lease, ok=True)
+        assert cache.open_keys() != []  # kept open for the next task meanwhile
+        deadline = time.monotonic() + 10
+        while cache.open_keys() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cache.open_keys() == []
+        assert lease.store.closed
+        backend = cache.backend(spec)
+        assert sorted(read_commit_metrics(backend.blobs, "op", 0)) == [1]
+        lock = StoreLock(backend.local_path("op", 0))
+        assert lock.try_acquire()
+        lock.release()
+        again = cache.acquire(spec, 0, 1)
+        assert again.restore is not None
+        assert again.restore.base_kind == "local"
+        assert again.restore.changelogs_replayed == 0
+        cache.release(again, ok=True)
+    finally:
+        cache.close_all()
 
 
 def test_misuse_and_missing_versions_are_explained(cache: StoreCache, spec: StoreSpec) -> None:

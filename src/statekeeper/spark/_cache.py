@@ -23,7 +23,8 @@ A janitor thread per worker bounds what the worker holds (issue 12):
 * it hands idle stores over to other processes that ask for them, each on a thread of its
   own: closing a store waits for that store's background snapshot upload (it reads a
   checkpoint beside the working copy), and must not hold up another store's handover;
-* it closes stores idle for longer than ``_IDLE_CLOSE_S``, and, while more stores are open
+* it closes stores idle for longer than ``IDLE_CLOSE_S`` (before Spark ends an idle
+  worker, see there), and, while more stores are open
   than ``StoreConfig.max_open_stores`` (the smallest among the open stores' configs), the
   least recently used idle ones (their working copies stay on disk for the next task);
 * every ``_SWEEP_EVERY_S`` it deletes the working copies of the roots this worker serves
@@ -52,11 +53,17 @@ from statekeeper.errors import StateKeeperError, StateNotFoundError
 from statekeeper.spark._filelock import StoreLock
 from statekeeper.store import RestoreInfo, StateBackend, StateStore, remove_unused_copy
 
-__all__ = ["CACHE", "Lease", "StoreCache", "StoreSpec", "worker_config"]
+__all__ = ["CACHE", "IDLE_CLOSE_S", "Lease", "StoreCache", "StoreSpec", "worker_config"]
 
 _log = logging.getLogger("statekeeper.spark")
 _JANITOR_POLL_S = 0.01
-_IDLE_CLOSE_S = 600.0
+IDLE_CLOSE_S = 30.0
+"""Seconds a store stays open without a task. Spark stops an executor's idle Python workers
+(of one Python and environment) once no task has ended in any of them for a minute, checked
+every ten seconds, and a worker ends without running exit handlers: a store still open then loses
+its buffered commit metrics and the writes not yet flushed to local disk, which the next
+task has to replay from the root. Closing it after half that time makes them durable first;
+a task that comes later reopens the copy from local disk."""
 _SWEEP_EVERY_S = 60.0
 
 
@@ -121,7 +128,9 @@ class _Entry:
 class StoreCache:
     """Open backends and stores of one worker process. Thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle_close_s: float = IDLE_CLOSE_S) -> None:
+        """An empty cache whose janitor closes stores idle for ``idle_close_s`` seconds."""
+        self._idle_close_s = idle_close_s
         self._mutex = threading.Lock()
         self._backends: dict[tuple[object, ...], StateBackend] = {}
         self._entries: dict[tuple[str, str, int], _Entry] = {}
@@ -322,7 +331,7 @@ class StoreCache:
             for entry in sorted(self._entries.values(), key=_idle_since):
                 if entry.busy:
                     continue
-                asked = entry.lock.requested() or now - entry.idle_since > _IDLE_CLOSE_S
+                asked = entry.lock.requested() or now - entry.idle_since > self._idle_close_s
                 (doomed if asked else keep).append(entry)
             budget = min((e.backend.config.max_open_stores for e in self._entries.values()),
                          default=0)  # fmt: skip
