@@ -16,7 +16,7 @@ import pytest
 from statekeeper import StateKeeperError, StateNotFoundError, StoreConfig, layout
 from statekeeper.metrics import read_commit_metrics
 from statekeeper.spark import StoreBusyError
-from statekeeper.spark._cache import IDLE_CLOSE_S, StoreCache, StoreSpec
+from statekeeper.spark._cache import IDLE_CLOSE_S, Lease, StoreCache, StoreSpec
 from statekeeper.spark._filelock import StoreLock
 
 
@@ -115,20 +115,9 @@ def test_a_store_not_kept_is_closed_with_its_snapshot_uploaded_when_released(
     lease.store.put(b"k", b"v")
     lease.store.commit()
     cache.release(lease, ok=True, keep=spec.keep_open)
-    assert lease.store.closed
-    assert cache.open_keys() == []
-    backend = cache.backend(spec)
-    keys = [m.key for m in backend.blobs.list(layout.snapshot_prefix("op", 0))]
+    keys = [m.key for m in cache.backend(spec).blobs.list(layout.snapshot_prefix("op", 0))]
     assert [layout.parse_attempt_snapshot_key(k)[0] for k in keys] == [1]  # type: ignore[index]
-    lock = StoreLock(backend.local_path("op", 0))
-    assert lock.try_acquire()
-    lock.release()
-    again = cache.acquire(spec, 0, 1)
-    assert again.restore is not None
-    assert again.restore.base_kind == "local"
-    assert again.restore.changelogs_replayed == 0  # version 1 was on disk
-    assert again.store.get(b"k") == b"v"
-    cache.release(again, ok=True)
+    _assert_closed_and_durable(cache, spec, lease)
 
 
 def test_an_idle_store_is_closed_durably_before_spark_would_end_its_worker(
@@ -150,20 +139,28 @@ def test_an_idle_store_is_closed_durably_before_spark_would_end_its_worker(
         deadline = time.monotonic() + 10
         while cache.open_keys() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert cache.open_keys() == []
-        assert lease.store.closed
-        backend = cache.backend(spec)
-        assert sorted(read_commit_metrics(backend.blobs, "op", 0)) == [1]
-        lock = StoreLock(backend.local_path("op", 0))
-        assert lock.try_acquire()
-        lock.release()
-        again = cache.acquire(spec, 0, 1)
-        assert again.restore is not None
-        assert again.restore.base_kind == "local"
-        assert again.restore.changelogs_replayed == 0
-        cache.release(again, ok=True)
+        _assert_closed_and_durable(cache, spec, lease)
     finally:
         cache.close_all()
+
+
+def _assert_closed_and_durable(cache: StoreCache, spec: StoreSpec, lease: Lease) -> None:
+    """The store of ``lease`` (partition 0, version 1 committed with ``k = v``) is closed,
+    its commit metrics are written, its working copy is unlocked, and the next open finds
+    version 1 on local disk: nothing replayed from the root."""
+    assert lease.store.closed
+    assert cache.open_keys() == []
+    backend = cache.backend(spec)
+    assert sorted(read_commit_metrics(backend.blobs, "op", 0)) == [1]
+    lock = StoreLock(backend.local_path("op", 0))
+    assert lock.try_acquire()
+    lock.release()
+    again = cache.acquire(spec, 0, 1)
+    assert again.restore is not None
+    assert again.restore.base_kind == "local"
+    assert again.restore.changelogs_replayed == 0
+    assert again.store.get(b"k") == b"v"
+    cache.release(again, ok=True)
 
 
 def test_misuse_and_missing_versions_are_explained(cache: StoreCache, spec: StoreSpec) -> None:
