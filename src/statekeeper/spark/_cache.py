@@ -23,10 +23,10 @@ A janitor thread per worker bounds what the worker holds (issue 12):
 * it hands idle stores over to other processes that ask for them, each on a thread of its
   own: closing a store waits for that store's background snapshot upload (it reads a
   checkpoint beside the working copy), and must not hold up another store's handover;
-* it closes stores idle for longer than ``IDLE_CLOSE_S`` (before Spark ends an idle
-  worker, see there), and, while more stores are open
-  than ``StoreConfig.max_open_stores`` (the smallest among the open stores' configs), the
-  least recently used idle ones (their working copies stay on disk for the next task);
+* it closes stores idle for longer than ``IDLE_CLOSE_S`` (before Spark ends an idle worker,
+  see there), and, while more stores are open than ``StoreConfig.max_open_stores`` (the
+  smallest among the open stores' configs), the least recently used idle ones (their
+  working copies stay on disk for the next task);
 * every ``_SWEEP_EVERY_S`` it deletes the working copies of the roots this worker serves
   that no task has used for ``StoreConfig.local_copy_ttl_s`` (partitions that moved to
   another executor), never one that a process holds: the sweep takes the copy's
@@ -60,10 +60,10 @@ _JANITOR_POLL_S = 0.01
 IDLE_CLOSE_S = 30.0
 """Seconds a store stays open without a task. Spark stops an executor's idle Python workers
 (of one Python and environment) once no task has ended in any of them for a minute, checked
-every ten seconds, and a worker ends without running exit handlers: a store still open then loses
-its buffered commit metrics and the writes not yet flushed to local disk, which the next
-task has to replay from the root. Closing it after half that time makes them durable first;
-a task that comes later reopens the copy from local disk."""
+every ten seconds, and a worker ends without running exit handlers: a store still open then
+loses its buffered commit metrics and the writes not yet flushed to local disk, which the
+next task has to replay from the root. Closing it after half that time makes them durable
+first; a task that comes later reopens the copy from local disk."""
 _SWEEP_EVERY_S = 60.0
 
 
