@@ -1,12 +1,19 @@
-"""Spark without Python worker reuse (``spark.python.worker.reuse=false``).
+"""Spark whose Python workers each run one task: ``spark.python.worker.reuse=false``, or
+``spark.python.use.daemon=false``.
 
-Spark then starts a Python worker for every task and ends it right after the task, without
-running its exit handlers: work a store left to background threads (the due snapshot's
-upload, the commit metrics it buffers, its memtable's flush) died with it. Before each task
-closed its store itself, 8 micro-batches with a snapshot due every 2 versions uploaded 2 and
-0 of the 4 snapshots of their two partitions (20 batches, one due every 3: 1 and 2 of 6),
-left half-written uploads in the root, and a quarter of the tasks (10 of 38 in the 20-batch
-run) replayed changelogs because the previous task's writes never reached the local disk.
+Without reuse Spark starts a Python worker for every task and ends it right after the task,
+without running its exit handlers: work a store left to background threads (the due
+snapshot's upload, the commit metrics it buffers, its memtable's flush) died with it. Before
+each task closed its store itself, 8 micro-batches with a snapshot due every 2 versions
+uploaded 2 and 0 of the 4 snapshots of their two partitions (20 batches, one due every 3: 1
+and 2 of 6), left half-written uploads in the root, and a quarter of the tasks (10 of 38 in
+the 20-batch run) replayed changelogs because the previous task's writes never reached the
+local disk. Without the daemon each task's worker exits normally, but Python's thread pools
+refuse work once it exits, so a snapshot upload still running then failed: 12 batches of
+3000 rows, one snapshot due every 3, uploaded 1 of 4 per partition. Whether an upload is
+still running at that exit is a matter of timing, and a run of the end-to-end test below
+without the daemon passed with that setting ignored, so for it only the reading of the
+setting is tested.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from pyspark.sql import SparkSession
 from statekeeper import StateBackend, StoreConfig, layout
 from statekeeper.metrics import read_commit_metrics
 from statekeeper.spark import batch_metrics, transform_with_state, transform_with_state_arrow
+from statekeeper.spark._transform import _reuses_workers
 from tests.spark.conftest import SparkHolder
 from tests.spark.helpers import (
     OUTPUT_SCHEMA,
@@ -38,15 +46,20 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 PARTITIONS = 2
 BATCHES = 8
 SNAPSHOT_EVERY = 2
+REUSE, DAEMON = "spark.python.worker.reuse", "spark.python.use.daemon"
 
 
-@pytest.fixture(scope="module")
-def no_reuse(no_classic_session: SparkHolder) -> Iterator[SparkSession]:
-    """A ``local[2]`` session whose Python workers each run one task."""
+@pytest.fixture(scope="module", params=[REUSE, DAEMON])
+def no_reuse(
+    no_classic_session: SparkHolder, request: pytest.FixtureRequest
+) -> Iterator[SparkSession]:
+    """A ``local[2]`` session whose Python workers each run one task: the parameter is the
+    setting turned off."""
     session = (
         SparkSession.builder.master("local[2]")
-        .appName("statekeeper-no-worker-reuse")
-        .config("spark.python.worker.reuse", "false")
+        .appName("statekeeper-one-task-workers")
+        .config(REUSE, str(request.param != REUSE).lower())
+        .config(DAEMON, str(request.param != DAEMON).lower())
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -58,9 +71,13 @@ def no_reuse(no_classic_session: SparkHolder) -> Iterator[SparkSession]:
         yield session
     finally:
         session.stop()
+        # PySpark's builder keeps every option for the sessions built after this one.
+        SparkSession.builder.config(REUSE, "true").config(DAEMON, "true")
 
 
-@pytest.mark.parametrize("form", ["keyed", "vectorized"])
+@pytest.mark.parametrize(
+    ("no_reuse", "form"), [(REUSE, "keyed"), (REUSE, "vectorized")], indirect=["no_reuse"]
+)
 def test_every_task_leaves_its_snapshot_and_its_local_copy_complete(
     no_reuse: SparkSession, tmp_path: Path, form: str
 ) -> None:
@@ -106,3 +123,9 @@ def test_every_task_leaves_its_snapshot_and_its_local_copy_complete(
         if name.startswith(".tmp-")
     ]
     assert unfinished == []
+
+
+def test_tasks_close_their_stores_when_either_setting_is_off(no_reuse: SparkSession) -> None:
+    """What the driver reads into ``StoreSpec.keep_open`` (the test above runs with reuse
+    off only: see the module docstring)."""
+    assert not _reuses_workers(no_reuse)

@@ -79,8 +79,9 @@ class StoreSpec:
     lock_timeout_s: float = 120.0
     keep_open: bool = True
     """Whether a task leaves its store open for the worker's next task. ``False`` where
-    Spark does not reuse Python workers (``spark.python.worker.reuse=false``): a worker
-    then ends right after its task without running exit handlers, and the work a store
+    Spark does not reuse Python workers (``spark.python.worker.reuse=false``, or
+    ``spark.python.use.daemon=false``): a worker then ends right after its task (without
+    running exit handlers, or with thread pools that refuse work), and the work a store
     leaves to background threads (its due snapshot's upload, its buffered commit metrics,
     its memtable's flush) would end with it, so each task closes its store itself."""
 

@@ -443,9 +443,15 @@ def _refuse_speculation(spark: SparkSession) -> None:
 
 
 def _reuses_workers(spark: SparkSession) -> bool:
-    """Whether Spark's Python workers run more than one task (``spark.python.worker.reuse``,
-    on by default): only then may a task leave its store open for the next one."""
-    return str(spark.conf.get("spark.python.worker.reuse", "true")).strip().lower() != "false"
+    """Whether Spark's Python workers run more than one task: only then may a task leave its
+    store open for the next one. They do unless ``spark.python.worker.reuse`` is off, or
+    ``spark.python.use.daemon`` is (then each task's worker is started for it and exits
+    after it; at that exit Python's thread pools refuse work, so a snapshot upload still
+    running fails)."""
+    return all(
+        str(spark.conf.get(key, "true")).strip().lower() != "false"
+        for key in ("spark.python.worker.reuse", "spark.python.use.daemon")
+    )
 
 
 def _key_names(keys: str | Sequence[str]) -> list[str]:
