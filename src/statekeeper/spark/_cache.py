@@ -13,8 +13,8 @@ executor's block manager folders under ``spark.local.dir``), so two executors ne
 working copy even on one host, and an executor's copies go away with it. Outside a Spark
 worker the library default applies.
 
-Without worker reuse (``spark.python.worker.reuse=false``) a worker ends right after its task
-without running exit handlers: the task closes its store before it ends
+Without worker reuse (``spark.python.worker.reuse=false``, or without Spark's Python daemon)
+a worker ends right after its task: the task closes its store before it ends
 (:attr:`StoreSpec.keep_open`), so that nothing is left to background threads.
 
 An open store holds its working copy's :class:`StoreLock` for as long as it stays cached.
