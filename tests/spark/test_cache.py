@@ -107,14 +107,14 @@ def test_a_store_not_kept_is_closed_with_its_snapshot_uploaded_when_released(
     cache: StoreCache, tmp_path: Path
 ) -> None:
     """Without Python worker reuse a task's process ends right after the task, background
-    threads and all: ``keep=False`` closes the store, uploads its due snapshot and unlocks
-    its working copy before ``release`` returns."""
+    threads and all: a store acquired with ``keep_open=False`` is closed, its due snapshot
+    uploaded and its working copy unlocked before ``release`` returns."""
     config = StoreConfig(local_dir=str(tmp_path / "local"), snapshot_every=1)
     spec = StoreSpec(str(tmp_path / "root"), "op", 2, config, (), 5.0, keep_open=False)
     lease = cache.acquire(spec, 0, 0)
     lease.store.put(b"k", b"v")
     lease.store.commit()
-    cache.release(lease, ok=True, keep=spec.keep_open)
+    cache.release(lease, ok=True)  # closed: the spec does not keep it open
     keys = [m.key for m in cache.backend(spec).blobs.list(layout.snapshot_prefix("op", 0))]
     assert [layout.parse_attempt_snapshot_key(k)[0] for k in keys] == [1]  # type: ignore[index]
     _assert_closed_and_durable(cache, spec, lease)

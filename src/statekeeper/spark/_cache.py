@@ -103,6 +103,9 @@ class Lease:
     restore: RestoreInfo | None
     """How the store was opened; ``None`` when reused."""
     entry: _Entry = field(repr=False)
+    keep_open: bool = True
+    """:attr:`StoreSpec.keep_open` of the spec it was acquired with: whether
+    :meth:`StoreCache.release` keeps it open after a successful task."""
 
 
 @dataclass(eq=False)
@@ -198,7 +201,9 @@ class StoreCache:
         except BaseException:
             self._evict(entry)
             raise
-        return Lease(store, info is None, time.perf_counter() - started, info, entry)
+        return Lease(
+            store, info is None, time.perf_counter() - started, info, entry, spec.keep_open
+        )
 
     def ask(self, spec: StoreSpec, partition: int) -> None:
         """Ask ahead for the working copy of (``spec.operator``, ``partition``), which this
@@ -219,18 +224,18 @@ class StoreCache:
                 return
         StoreLock(key[0]).ask()
 
-    def release(self, lease: Lease, *, ok: bool, keep: bool = True) -> None:
+    def release(self, lease: Lease, *, ok: bool) -> None:
         """Give a store back: kept open if the task succeeded, closed and forgotten if not.
 
-        With ``keep=False`` a successful task's store is closed too, before this returns:
-        its write-behind applied, its memtable flushed, its metrics written and its due
-        snapshot uploaded (:attr:`StoreSpec.keep_open`). A failure there is logged, not
+        A store acquired with :attr:`StoreSpec.keep_open` off is closed after a successful
+        task too, before this returns: its write-behind applied, its memtable flushed, its
+        metrics written and its due snapshot uploaded. A failure there is logged, not
         raised: the commit stands, and the next open catches the copy up.
         """
         if not ok:
             self._evict(lease.entry)
             return
-        if not keep:
+        if not lease.keep_open:
             self._evict(lease.entry, logged=True)
             return
         with self._mutex:

@@ -168,7 +168,7 @@ def rows_task(spec: TaskSpec, processor: StatefulProcessor, batches: Any) -> Ite
         raise
     finally:
         source.close()
-    CACHE.release(lease, ok=True, keep=spec.store.keep_open)
+    CACHE.release(lease, ok=True)
     report_task(lease, info, stats, ctx, time.perf_counter() - started)
 
 
@@ -196,5 +196,5 @@ def arrow_task(spec: TaskSpec, fn: ArrowFunction, batches: Any) -> Iterator[Any]
     except BaseException:
         CACHE.release(lease, ok=False)
         raise
-    CACHE.release(lease, ok=True, keep=spec.store.keep_open)
+    CACHE.release(lease, ok=True)
     report_task(lease, info, stats, ctx, time.perf_counter() - started)
