@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import traceback
 from pathlib import Path
 
@@ -255,7 +256,19 @@ def test_package_exports_are_sorted_and_complete() -> None:
         "StreamingBlobStore",
         "open_blob_store",
         "put_stream",
+        "thread_pool",
         "transfer_pool",
     }
     for name in exported:
         assert getattr(statekeeper.storage, name) is not None
+
+
+def test_a_thread_pool_that_refuses_a_call_runs_it_in_the_callers_thread() -> None:
+    """As every pool refuses work once Python's exit has begun (a shut pool refuses it too):
+    the call still runs, and its failure still reaches the future."""
+    pool = statekeeper.storage.thread_pool(2, "test")
+    assert pool.submit(threading.get_ident).result() != threading.get_ident()
+    pool.shutdown()
+    assert pool.submit(threading.get_ident).result() == threading.get_ident()
+    with pytest.raises(ZeroDivisionError):
+        pool.submit(divmod, 1, 0).result()

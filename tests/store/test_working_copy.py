@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from statekeeper.changelog import Columns
 from statekeeper.errors import StateKeeperError
-from statekeeper.store import _label, _rocks, _working_copy
+from statekeeper.storage import thread_pool
+from statekeeper.store import _label, _overlap, _rocks, _working_copy
 from statekeeper.store._label import decode_undo, encode_undo, pack_label, parse_label
 from statekeeper.store._rocks import SHARED_MEMORY, SharedMemory
 from statekeeper.store._working_copy import WorkingCopy, remove_unused_copy
@@ -364,9 +365,17 @@ def test_a_write_behind_is_seen_by_every_later_call_from_any_thread(tmp_path: Pa
     copy.close()
 
 
+@pytest.mark.parametrize("refused", [False, True], ids=["helper", "refused-at-exit"])
 def test_a_failed_write_behind_is_raised_by_every_later_call_and_close_still_works(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused: bool
 ) -> None:
+    """Also when the helpers refuse the write (as every pool does once Python's exit has
+    begun) and it runs in the committing thread: its failure must not pass for the
+    helper's own call."""
+    if refused:
+        pool = thread_pool(1, "refusing")
+        pool.shutdown()
+        monkeypatch.setattr(_overlap, "_pool", pool)
     copy = _copy(tmp_path)
     copy.apply([(b"a", b"1")], version=1, root_id=ROOT, attempt="A1")
     # A value RocksDB's write batch refuses: the helper's write fails before writing.

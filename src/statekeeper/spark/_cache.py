@@ -81,9 +81,10 @@ class StoreSpec:
     """Whether a task leaves its store open for the worker's next task. ``False`` where
     Spark does not reuse Python workers (``spark.python.worker.reuse=false``, or
     ``spark.python.use.daemon=false``): a worker then ends right after its task (without
-    running exit handlers, or with thread pools that refuse work), and the work a store
-    leaves to background threads (its due snapshot's upload, its buffered commit metrics,
-    its memtable's flush) would end with it, so each task closes its store itself."""
+    running exit handlers, or, without the daemon, after Spark counted the task done), and
+    the work a store leaves to background threads (its due snapshot's upload, its buffered
+    commit metrics, its memtable's flush) would end with it or hold the store's lock past
+    the task, so each task closes its store itself."""
 
     @staticmethod
     def options(storage_options: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:

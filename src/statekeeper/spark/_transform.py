@@ -446,8 +446,8 @@ def _reuses_workers(spark: SparkSession) -> bool:
     """Whether Spark's Python workers run more than one task: only then may a task leave its
     store open for the next one. They do unless ``spark.python.worker.reuse`` is off, or
     ``spark.python.use.daemon`` is (then each task's worker is started for it and exits
-    after it; at that exit Python's thread pools refuse work, so a snapshot upload still
-    running fails)."""
+    after it: work left to background threads would run only as it exits, after Spark
+    counted the task done, holding the store's lock against the partition's next task)."""
     return all(
         str(spark.conf.get(key, "true")).strip().lower() != "false"
         for key in ("spark.python.worker.reuse", "spark.python.use.daemon")

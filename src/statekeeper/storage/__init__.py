@@ -14,7 +14,7 @@ from urllib.parse import unquote, urlsplit
 from statekeeper.storage._checks import check_storage_options
 from statekeeper.storage._local import LocalBlobStore
 from statekeeper.storage._object import OBJECT_SCHEMES, ObjectBlobStore
-from statekeeper.storage._parallel import transfer_pool
+from statekeeper.storage._parallel import thread_pool, transfer_pool
 from statekeeper.storage._protocol import BlobMeta, BlobStore, StreamingBlobStore
 from statekeeper.storage._retry import RetryPolicy
 
@@ -27,6 +27,7 @@ __all__ = [
     "StreamingBlobStore",
     "open_blob_store",
     "put_stream",
+    "thread_pool",
     "transfer_pool",
 ]
 

@@ -20,6 +20,7 @@ __all__ = [
     "check_key",
     "check_prefix",
     "check_range",
+    "thread_pool",
     "transfer_pool",
 ]
 
@@ -43,12 +44,37 @@ class _InlineExecutor(Executor):
         return future
 
 
+class _ExitSafePool(ThreadPoolExecutor):
+    """A thread pool that runs a call in the caller's thread when it refuses the call.
+
+    Once Python's exit has begun (the main thread has returned), every ``concurrent.futures``
+    pool refuses new work, before Python waits for the other threads and runs ``atexit``
+    handlers: a commit still being made on a non-daemon thread, or a background snapshot
+    still uploading, would fail part-way with ``RuntimeError``, a commit after it was made
+    durable. Run in the caller's thread instead, the work finishes, without parallelism.
+    (A pool already shut down refuses work too; running the call is as right there.)
+    """
+
+    def submit(self, fn: Callable[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_R]:
+        try:
+            return super().submit(fn, *args, **kwargs)
+        except RuntimeError:
+            return _InlineExecutor().submit(fn, *args, **kwargs)
+
+
+def thread_pool(workers: int, name: str) -> ThreadPoolExecutor:
+    """A pool of ``workers`` threads named after ``name`` that, once Python refuses new
+    threaded work at its exit, runs each call in the caller's thread (:class:`_ExitSafePool`).
+    Every pool of the store's own background and transfer work is one of these."""
+    return _ExitSafePool(workers, thread_name_prefix=name)
+
+
 def transfer_pool(io_threads: int, name: str) -> Executor:
     """An executor for ``io_threads`` parallel transfers, as a context manager: a thread
-    pool, or for one transfer at a time the caller's own thread."""
+    pool (:func:`thread_pool`), or for one transfer at a time the caller's own thread."""
     if io_threads == 1:
         return _InlineExecutor()
-    return ThreadPoolExecutor(io_threads, thread_name_prefix=name)
+    return thread_pool(io_threads, name)
 
 
 def check_key(key: object) -> str:
@@ -232,9 +258,7 @@ class ParallelTransfers(abc.ABC):
     def _executor(self) -> ThreadPoolExecutor:
         with self._pool_lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    max_workers=self._io_threads, thread_name_prefix="statekeeper-io"
-                )
+                self._pool = thread_pool(self._io_threads, "statekeeper-io")
             return self._pool
 
     def _run_all(self, fn: Callable[[_A], _R], args: Sequence[_A]) -> list[_R]:

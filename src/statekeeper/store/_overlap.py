@@ -23,6 +23,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from statekeeper.storage import thread_pool
+
 __all__ = ["submit"]
 
 _WORKERS = 2
@@ -31,11 +33,11 @@ _pool: ThreadPoolExecutor | None = None
 
 
 def submit(fn: Callable[[], None]) -> Future[None]:
-    """Run ``fn`` on a helper thread."""
+    """Run ``fn`` on a helper thread (in the caller's, once Python's exit has begun)."""
     global _pool
     with _lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="statekeeper-write")
+            _pool = thread_pool(_WORKERS, "statekeeper-write")
         pool = _pool
     return pool.submit(fn)
 

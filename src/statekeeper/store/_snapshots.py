@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from statekeeper import layout
+from statekeeper import layout, phases
 from statekeeper.config import StoreConfig
 from statekeeper.errors import (
     CommitConflictError,
@@ -142,7 +142,14 @@ class Snapshotter:
             return frozenset(k for k, n in self._uploading.items() if n)
 
     def schedule(self, job: SnapshotJob) -> Future[SnapshotMetrics | None] | None:
-        """Run ``job`` in the background; ``None`` if one for that store is still running."""
+        """Run ``job`` in the background; ``None`` if one for that store is still running.
+
+        Once Python's exit has begun, its pools take no new work (see
+        :func:`statekeeper.storage.thread_pool`): the job then runs here, now, and the future
+        returned is done. A thread that commits after the main thread returned keeps its
+        snapshots (and its changelog chain bounded) that way, at the price of commits that
+        wait for them.
+        """
         key = (job.operator, job.partition)
         with self._pool_lock:
             running = self._running.get(key)
@@ -151,11 +158,18 @@ class Snapshotter:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="statekeeper-snapshot")
             future: Future[SnapshotMetrics | None] = Future()
-            # Submitted first: if the pool refuses (at interpreter exit), nothing is queued
-            # that no call would run. The call waits for the lock held here, so for the job.
-            self._pool.submit(self._run_next)
-            self._queue.append((job, future))
-            self._running[key] = future
+            # Submitted first: if the pool refuses, nothing is queued that no call would
+            # run. The call waits for the lock held here, so for the job.
+            try:
+                self._pool.submit(self._run_next)
+            except RuntimeError:  # Python's exit has begun (close() leaves no shut pool)
+                pass
+            else:
+                self._queue.append((job, future))
+                self._running[key] = future
+                return future
+        with phases.phase("snapshot"):  # in the commit's breakdown, as in snapshot mode
+            self._run_into(job, future)
         return future
 
     def wait(self, store: tuple[str, int] | None = None) -> None:
@@ -182,6 +196,10 @@ class Snapshotter:
         """Run the job at the front of the queue (the pool runs one call per job)."""
         with self._pool_lock:
             job, future = self._queue.popleft()
+        self._run_into(job, future)
+
+    def _run_into(self, job: SnapshotJob, future: Future[SnapshotMetrics | None]) -> None:
+        """Run ``job``, its outcome into ``future``."""
         if not future.set_running_or_notify_cancel():
             return
         try:

@@ -631,11 +631,14 @@ class StateStore:
             self._copy, self._operator, self._partition, root_id=self._root_id,
             manifest=self._point.manifest,
         )  # fmt: skip
-        if self._snapshotter.schedule(job) is None:
+        future = self._snapshotter.schedule(job)
+        if future is None:
             return False  # the previous one is still uploading: try again next commit
         self._job = job
         self._last_snapshot = self._version
-        return True
+        # Done already: taken in this thread (at Python's exit), not in the background, so
+        # this commit's metrics are not handed to it.
+        return not future.done()
 
     def snapshot_now(self) -> SnapshotMetrics | None:
         """Snapshot the committed version now, synchronously; ``None`` if one exists.

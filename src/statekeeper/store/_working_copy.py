@@ -96,7 +96,7 @@ class _Behind:
     version: int
     future: Future[None] | None = None
     thread: int | None = None
-    """The helper thread's id once the write runs: its own calls on the copy do not wait."""
+    """The helper thread's id while the write runs: its own calls on the copy do not wait."""
 
 
 class WorkingCopy:
@@ -390,8 +390,13 @@ class WorkingCopy:
 
         def run() -> None:
             job.thread = threading.get_ident()
-            self.apply(columns, version=version, root_id=root_id, attempt=attempt, undo=True)
-            self.flush_if_due()
+            try:
+                self.apply(columns, version=version, root_id=root_id, attempt=attempt, undo=True)
+                self.flush_if_due()
+            finally:
+                # Run in the caller's own thread (at Python's exit), its later calls must
+                # still see a failure.
+                job.thread = None
 
         job.future = submit(run)
         self._behind = job
