@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import subprocess
+import sys
 import threading
 import traceback
 from pathlib import Path
@@ -263,12 +265,38 @@ def test_package_exports_are_sorted_and_complete() -> None:
         assert getattr(statekeeper.storage, name) is not None
 
 
-def test_a_thread_pool_that_refuses_a_call_runs_it_in_the_callers_thread() -> None:
-    """As every pool refuses work once Python's exit has begun (a shut pool refuses it too):
-    the call still runs, and its failure still reaches the future."""
-    pool = statekeeper.storage.thread_pool(2, "test")
-    assert pool.submit(threading.get_ident).result() != threading.get_ident()
+# After the main thread returned, a plain pool refuses work and ours runs it in the caller.
+EXITING_CHILD = r"""
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from statekeeper.storage import thread_pool
+pool = thread_pool(2, "test")
+print(pool.submit(threading.get_ident).result() != threading.get_ident())
+def after():
+    threading.main_thread().join()
+    try:
+        ThreadPoolExecutor(1).submit(int)
+    except RuntimeError:
+        print("refused", flush=True)
+    print(pool.submit(threading.get_ident).result() == threading.get_ident(), flush=True)
+    print(type(pool.submit(divmod, 1, 0).exception()).__name__, flush=True)
+threading.Thread(target=after).start()
+"""
+
+
+def test_a_thread_pool_runs_calls_in_the_callers_thread_once_python_is_exiting() -> None:
+    """Once the main thread has returned, pools refuse work: ours runs it in the caller's
+    thread, its failure still in the future."""
+    proc = subprocess.run(
+        [sys.executable, "-c", EXITING_CHILD], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n") == ["True", "refused", "True", "ZeroDivisionError", ""], (
+        proc.stderr
+    )
+
+
+def test_a_thread_pool_shut_down_runs_calls_in_the_callers_thread() -> None:
+    pool = statekeeper.storage.thread_pool(1, "test")
     pool.shutdown()
     assert pool.submit(threading.get_ident).result() == threading.get_ident()
-    with pytest.raises(ZeroDivisionError):
-        pool.submit(divmod, 1, 0).result()

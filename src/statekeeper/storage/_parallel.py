@@ -48,24 +48,41 @@ class _ExitSafePool(ThreadPoolExecutor):
     """A thread pool that runs a call in the caller's thread when it refuses the call.
 
     Once Python's exit has begun (the main thread has returned), every ``concurrent.futures``
-    pool refuses new work, before Python waits for the other threads and runs ``atexit``
-    handlers: a commit still being made on a non-daemon thread, or a background snapshot
-    still uploading, would fail part-way with ``RuntimeError``, a commit after it was made
-    durable. Run in the caller's thread instead, the work finishes, without parallelism.
-    (A pool already shut down refuses work too; running the call is as right there.)
+    pool refuses new work with ``RuntimeError``, before Python waits for the other threads
+    and runs ``atexit`` handlers: a commit still being made on a non-daemon thread failed
+    after it was made durable, and a background snapshot still uploading as the program
+    ended was cut off. Run in the caller's thread instead, the work finishes, without
+    parallelism. ``submit`` also raises ``RuntimeError`` for a call it has already queued
+    when it cannot start a thread for it (and a pool shut down refuses calls too): each call
+    is claimed once, by the caller or by a pool thread, so none runs twice.
     """
 
     def submit(self, fn: Callable[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_R]:
+        future: Future[_R] = Future()
+        claim = threading.Lock()
+
+        def run() -> None:
+            if not claim.acquire(blocking=False) or not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - delivered by .result(), as a pool does
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
         try:
-            return super().submit(fn, *args, **kwargs)
+            super().submit(run)
         except RuntimeError:
-            return _InlineExecutor().submit(fn, *args, **kwargs)
+            run()
+        return future
 
 
 def thread_pool(workers: int, name: str) -> ThreadPoolExecutor:
-    """A pool of ``workers`` threads named after ``name`` that, once Python refuses new
-    threaded work at its exit, runs each call in the caller's thread (:class:`_ExitSafePool`).
-    Every pool of the store's own background and transfer work is one of these."""
+    """A pool of ``workers`` threads named after ``name`` that runs a call in the caller's
+    thread when it refuses it, as every pool does once Python's exit has begun
+    (:class:`_ExitSafePool`). Every pool of the store's own background and transfer work is
+    one of these."""
     return _ExitSafePool(workers, thread_name_prefix=name)
 
 

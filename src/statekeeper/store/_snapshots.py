@@ -37,7 +37,7 @@ from statekeeper.manifest import (
 )
 from statekeeper.metrics import CommitMetrics, write_commit_metrics
 from statekeeper.snapshot import SnapshotIndex, SnapshotMetrics, load_index, upload_snapshot
-from statekeeper.storage import BlobStore
+from statekeeper.storage import BlobStore, thread_pool
 from statekeeper.store._working_copy import WorkingCopy
 
 __all__ = [
@@ -144,32 +144,26 @@ class Snapshotter:
     def schedule(self, job: SnapshotJob) -> Future[SnapshotMetrics | None] | None:
         """Run ``job`` in the background; ``None`` if one for that store is still running.
 
-        Once Python's exit has begun, its pools take no new work (see
-        :func:`statekeeper.storage.thread_pool`): the job then runs here, now, and the future
-        returned is done. A thread that commits after the main thread returned keeps its
-        snapshots (and its changelog chain bounded) that way, at the price of commits that
-        wait for them.
+        Once Python's exit has begun, its pools take no new work: the pool
+        (:func:`~statekeeper.storage.thread_pool`) then runs the front job here, now. A
+        thread that commits after the main thread returned keeps its snapshots (and its
+        changelog chain bounded) that way, at the price of commits that wait for them.
         """
         key = (job.operator, job.partition)
+        future: Future[SnapshotMetrics | None] = Future()
         with self._pool_lock:
             running = self._running.get(key)
             if running is not None and not running.done():
                 return None
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="statekeeper-snapshot")
-            future: Future[SnapshotMetrics | None] = Future()
-            # Submitted first: if the pool refuses, nothing is queued that no call would
-            # run. The call waits for the lock held here, so for the job.
-            try:
-                self._pool.submit(self._run_next)
-            except RuntimeError:  # Python's exit has begun (close() leaves no shut pool)
-                pass
-            else:
-                self._queue.append((job, future))
-                self._running[key] = future
-                return future
+                self._pool = thread_pool(1, "statekeeper-snapshot")
+            pool = self._pool
+            self._queue.append((job, future))
+            self._running[key] = future
+        # One call per job queued, whichever job is first by then; submitted without the
+        # lock, which the call takes (and takes here, at Python's exit).
         with phases.phase("snapshot"):  # in the commit's breakdown, as in snapshot mode
-            self._run_into(job, future)
+            pool.submit(self._run_next)
         return future
 
     def wait(self, store: tuple[str, int] | None = None) -> None:
@@ -196,10 +190,6 @@ class Snapshotter:
         """Run the job at the front of the queue (the pool runs one call per job)."""
         with self._pool_lock:
             job, future = self._queue.popleft()
-        self._run_into(job, future)
-
-    def _run_into(self, job: SnapshotJob, future: Future[SnapshotMetrics | None]) -> None:
-        """Run ``job``, its outcome into ``future``."""
         if not future.set_running_or_notify_cancel():
             return
         try:
