@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +46,7 @@ from statekeeper.snapshot import (
     load_index,
     upload_snapshot,
 )
-from statekeeper.storage import BlobStore
+from statekeeper.storage import BlobStore, thread_pool
 from statekeeper.store._label import pack_label
 from statekeeper.store._restore import restore_copy
 from statekeeper.store._root import Rescale, RootMetadata, RootRegistry
@@ -152,7 +151,7 @@ def complete_rescale(
     partitions = meta.operators.get(operator)
     if rescale is None or not rescale.pending or partitions is None:
         return meta
-    with ThreadPoolExecutor(max(1, io_threads), thread_name_prefix="statekeeper-rescale") as pool:
+    with thread_pool(max(1, io_threads), "statekeeper-rescale") as pool:
         list(
             pool.map(
                 lambda p: _complete_store(blobs, meta.root_id, operator, p, rescale),
