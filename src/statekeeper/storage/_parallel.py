@@ -35,13 +35,20 @@ class _InlineExecutor(Executor):
 
     def submit(self, fn: Callable[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_R]:
         future: Future[_R] = Future()
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - delivered by .result(), as a pool does
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
+        _run_into(future, fn, *args, **kwargs)
         return future
+
+
+def _run_into(
+    future: Future[_R], fn: Callable[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs
+) -> None:
+    """Call ``fn`` here; its result or exception into ``future``, as a pool thread does."""
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:  # noqa: BLE001 - delivered by .result(), as a pool does
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
 
 
 class _ExitSafePool(ThreadPoolExecutor):
@@ -62,14 +69,8 @@ class _ExitSafePool(ThreadPoolExecutor):
         claim = threading.Lock()
 
         def run() -> None:
-            if not claim.acquire(blocking=False) or not future.set_running_or_notify_cancel():
-                return
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:  # noqa: BLE001 - delivered by .result(), as a pool does
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
+            if claim.acquire(blocking=False) and future.set_running_or_notify_cancel():
+                _run_into(future, fn, *args, **kwargs)
 
         try:
             super().submit(run)
