@@ -42,10 +42,11 @@ class StateBackend:
 
     Close stores and the backend (``with``): closing flushes the working copy, writes the
     buffered commit metrics and waits for background snapshots. A program that ends without
-    closing keeps every commit, and the snapshot upload running as it ends is finished: the
-    work its background threads would have done runs in the thread that asks for it once
-    Python's exit has begun. A thread that goes on committing after the main thread returned
-    takes its due snapshots within its commits then (:func:`statekeeper.storage.thread_pool`).
+    closing keeps every commit and finishes the snapshot upload running as it ends (once
+    Python's exit has begun, the work its background threads would do runs in the thread
+    that asks for it: :func:`statekeeper.storage.thread_pool`), but loses its buffered
+    commit metrics. A thread that goes on committing after the main thread returned takes
+    its due snapshots within its commits.
 
     Example::
 
