@@ -8,12 +8,13 @@ each task closed its store itself, 8 micro-batches with a snapshot due every 2 v
 uploaded 2 and 0 of the 4 snapshots of their two partitions (20 batches, one due every 3: 1
 and 2 of 6), left half-written uploads in the root, and a quarter of the tasks (10 of 38 in
 the 20-batch run) replayed changelogs because the previous task's writes never reached the
-local disk. Without the daemon each task's worker exits normally, but Python's thread pools
-refuse work once it exits, so a snapshot upload still running then failed: 12 batches of
-3000 rows, one snapshot due every 3, uploaded 1 of 4 per partition. Whether an upload is
-still running at that exit is a matter of timing, and a run of the end-to-end test below
-without the daemon passed with that setting ignored, so for it only the reading of the
-setting is tested.
+local disk. Without the daemon each task's worker exits normally, and then ran what the
+store left to background threads only after Spark counted the task done, holding the store's
+lock against the partition's next task (before the store's pools ran work refused at exit in
+the caller's thread, a snapshot upload still running then failed: 12 batches of 3000 rows,
+one snapshot due every 3, uploaded 1 of 4 per partition). Whether work is still running at
+that exit is a matter of timing, and a run of the end-to-end test below without the daemon
+passed with that setting ignored, so for it only the reading of the setting is tested.
 """
 
 from __future__ import annotations

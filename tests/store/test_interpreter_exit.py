@@ -15,9 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import statekeeper as sk
-from statekeeper import layout
 from statekeeper.manifest import read_newest_manifest
-from statekeeper.metrics import decode_commit_metrics
+from statekeeper.metrics import read_commit_metrics
 
 # The thread commits only once the main thread has returned: it waits for the main
 # thread to end before its first write.
@@ -92,12 +91,7 @@ def test_a_thread_committing_after_the_main_thread_returned_commits_and_snapshot
         assert backend.versions("op", 0)[-1] == 4
         # Taken in the committing thread, as the snapshot pool took no new work.
         assert _snapshots(backend) == [2, 4]
-        metrics = [
-            m
-            for blob in backend.blobs.list(layout.metrics_prefix("op", 0))
-            for m in decode_commit_metrics(backend.blobs.get(blob.key), blob=blob.key)
-        ]
-        assert sorted(m.version for m in metrics) == [1, 2, 3, 4]
+        assert sorted(read_commit_metrics(backend.blobs, "op", 0)) == [1, 2, 3, 4]
         assert backend.verify().ok
     with _reopened(tmp_path) as store:
         assert store.version == 4
