@@ -12,7 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from statekeeper import layout
-from statekeeper.errors import CommitConflictError, CorruptStateError, StateNotFoundError
+from statekeeper.errors import (
+    CommitConflictError,
+    CorruptStateError,
+    OwnerConflictError,
+    StateNotFoundError,
+)
 from statekeeper.manifest import (
     PLAIN_ORDER,
     Order,
@@ -35,11 +40,14 @@ def empty() -> StoreManifest:
 
 
 def commit(
-    m: StoreManifest, parent: int, attempt: str, order: Order = PLAIN_ORDER
+    m: StoreManifest, parent: int, attempt: str, order: Order = PLAIN_ORDER, owner: str = ""
 ) -> StoreManifest:
-    decision = decide(m, parent=parent, attempt=attempt, order=order)
+    decision = decide(m, parent=parent, attempt=attempt, order=order, owner=owner)
     blob = layout.attempt_changelog_key("ops", 3, decision.version, attempt)
-    return apply(m, decision, attempt=attempt, order=order, kind="changelog", blob=blob, now_ms=1)
+    return apply(
+        m, decision, attempt=attempt, order=order, kind="changelog", blob=blob, now_ms=1,
+        owner=owner,
+    )  # fmt: skip
 
 
 def attempts(m: StoreManifest) -> list[tuple[int, str, str]]:
@@ -102,6 +110,38 @@ def test_equal_orders_do_not_replace_each_other_but_a_retry_is_idempotent() -> N
     assert decide(m, parent=0, attempt="a", order=PLAIN_ORDER).action == "done"
     with pytest.raises(StateNotFoundError, match="newest committed version is 1"):
         decide(m, parent=5, attempt="c", order=PLAIN_ORDER)
+
+
+def test_an_owner_never_replaces_or_builds_on_another_owners_version() -> None:
+    """Query ``B`` (a fresh checkpointLocation, so its batch 0 loads version 0 again) on an
+    operator where query ``A`` committed one version: B's newer order would replace A's
+    version 1 as a re-run; it is refused, and A goes on. An owner builds on its own
+    versions and on ownerless ones (the plain API, entries written before owners)."""
+    m = commit(empty(), 0, "a1", (1, 0, 0, 0), owner="A")
+    assert m.versions[0].owner == "A"
+    refused = r"belongs to owner 'A'.*of owner 'B' may not replace"
+    with pytest.raises(OwnerConflictError, match=refused):
+        decide(m, parent=0, attempt="b1", order=(2, 0, 0, 0), owner="B")
+    assert decide(m, parent=0, attempt="a2", order=(2, 0, 0, 0), owner="A").action == "replace"
+    with pytest.raises(OwnerConflictError, match="may not build on"):
+        decide(m, parent=1, attempt="b2", order=(2, 0, 0, 0), owner="B")
+    m = commit(m, 1, "a2", (2, 0, 0, 0), owner="A")
+    m = commit(m, 2, "p", (2, 1, 0, 0))  # no owner: anyone's, and it builds on A's
+    assert [e.owner for e in m.versions] == ["A", "A", ""]
+    assert decide(m, parent=3, attempt="b3", order=(3, 0, 0, 0), owner="B").action == "append"
+    with pytest.raises(OwnerConflictError, match="version 2 belongs to owner 'A'"):
+        decide(m, parent=2, attempt="b4", order=(3, 0, 0, 0), owner="B")
+    with pytest.raises(CommitConflictError, match="zombie"):  # the fence comes first
+        decide(m, parent=2, attempt="b5", order=(1, 0, 0, 0), owner="B")
+
+
+def test_an_owner_round_trips_and_an_ownerless_entry_is_written_as_before() -> None:
+    m = commit(commit(empty(), 0, "a", (1, 0, 0, 0), owner="query-1"), 1, "b", (1, 0, 0, 0))
+    data = encode_manifest(m)
+    key = layout.manifest_key("ops", 3, m.seq)
+    assert decode_manifest(data, blob=key, root_id=ROOT, operator="ops", partition=3) == m
+    doc = json.loads(data)
+    assert [e.get("owner") for e in doc["versions"]] == ["query-1", None]
 
 
 def test_a_replaced_versions_snapshot_is_dropped() -> None:

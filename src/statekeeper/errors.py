@@ -11,6 +11,7 @@ __all__ = [
     "CommitConflictError",
     "ConfigMismatchError",
     "CorruptStateError",
+    "OwnerConflictError",
     "StateKeeperError",
     "StateNotFoundError",
     "StorageError",
@@ -32,6 +33,12 @@ class StateNotFoundError(StateKeeperError, FileNotFoundError):
 
 class CommitConflictError(StateKeeperError):
     """A create-only write found the target already there: another writer committed first."""
+
+
+class OwnerConflictError(CommitConflictError):
+    """The version a commit would replace or build on belongs to another owner (in the
+    Spark layer, another streaming query: one started with a fresh checkpointLocation on an
+    operator that holds another query's state)."""
 
 
 class ConfigMismatchError(StateKeeperError):

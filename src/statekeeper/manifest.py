@@ -22,6 +22,13 @@ replaced (SlateDB's manifest fencing, with the store's blob store as the only co
   version with a successor is final. Attempts of equal order do not replace each other
   (two plain writers of one version: the second gets ``CommitConflictError``), unless they
   are the same attempt (an idempotent retry of the manifest write).
+* **Owners.** An entry may name its **owner**: in the Spark layer, the streaming query
+  (its id, which stays the same across restarts from one ``checkpointLocation``). An attempt
+  of another owner may not replace the version, adopt it, or build on it: a query started
+  with a fresh ``checkpointLocation`` on an operator that holds another query's state would
+  otherwise replace that query's newest version (its batch 0 re-commits version 1), or
+  continue from it. An empty owner (the plain store API, entries written before owners
+  existed) is anyone's.
 * **Lineage.** Each entry records its parent ``(version, attempt)``; a manifest holds one
   linear chain from its base to its newest version, so every reader on every host that
   reads the same manifest agrees on the content of every version. Branches that lost
@@ -48,6 +55,7 @@ from statekeeper.errors import (
     CommitConflictError,
     ConfigMismatchError,
     CorruptStateError,
+    OwnerConflictError,
     StateNotFoundError,
 )
 from statekeeper.storage import BlobStore
@@ -68,6 +76,7 @@ __all__ = [
     "decode_manifest",
     "encode_manifest",
     "fenced",
+    "owns",
     "read_newest_manifest",
     "with_base",
     "with_snapshot",
@@ -109,6 +118,8 @@ class VersionEntry:
         parent_attempt: the attempt of ``version - 1`` it was built on (``""`` for the
             empty store at version 0).
         committed_time_ms: when the manifest naming it was written.
+        owner: who committed it (in the Spark layer the streaming query's id); ``""``:
+            anyone's (the plain store API, or written before owners were recorded).
     """
 
     version: int
@@ -118,6 +129,7 @@ class VersionEntry:
     blob: str
     parent_attempt: str
     committed_time_ms: int
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,11 +227,13 @@ def decide(
     attempt: str,
     order: Order,
     parent_attempt: str | None = None,
+    owner: str = "",
 ) -> Decision:
-    """Decide whether an attempt that loaded version ``parent`` (its content written by
-    ``parent_attempt``, if given) may commit ``parent + 1``.
+    """Decide whether an attempt of ``owner`` that loaded version ``parent`` (its content
+    written by ``parent_attempt``, if given) may commit ``parent + 1``.
 
     Raises:
+        OwnerConflictError: version ``parent + 1`` or ``parent`` belongs to another owner.
         CommitConflictError: the attempt is older than the store's fence (a zombie), or
             version ``parent + 1`` is final (a later version was built on it), or it was
             committed by another attempt of the same or a newer order, or version
@@ -241,12 +255,20 @@ def decide(
             f"committed version is {manifest.latest} (manifest {manifest.seq})"
         )
     current = manifest.entry(version)  # None when parent is the newest version
+    loaded = manifest.entry(parent)  # None: version 0, or a base whose entry is dropped
+    for entry in (current, loaded):
+        if entry is not None and not owns(owner, entry):
+            raise OwnerConflictError(
+                f"{where}: version {entry.version} belongs to owner {entry.owner!r}, and "
+                f"attempt {attempt} of owner {owner!r} may not "
+                f"{'replace' if entry is current else 'build on'} it (manifest "
+                f"{manifest.seq}): one owner's state is never taken over by another"
+            )
     if parent < manifest.latest - 1 or (parent < manifest.latest and current is None):
         raise CommitConflictError(
             f"{where}: version {version} is final: version {manifest.latest} was built on "
             f"it (manifest {manifest.seq}); a re-run may only replace the newest version"
         )
-    loaded = manifest.entry(parent)  # None: version 0, or a base whose entry is dropped
     if parent_attempt is not None and loaded is not None and loaded.attempt != parent_attempt:
         raise CommitConflictError(
             f"{where}: attempt {attempt} was built on version {parent} of attempt "
@@ -268,6 +290,12 @@ def decide(
     )
 
 
+def owns(owner: str, entry: VersionEntry) -> bool:
+    """Whether an attempt of ``owner`` may replace, adopt or build on ``entry``: either has
+    no owner, or both have the same."""
+    return not owner or not entry.owner or owner == entry.owner
+
+
 def apply(
     manifest: StoreManifest,
     decision: Decision,
@@ -277,6 +305,7 @@ def apply(
     kind: Kind,
     blob: str,
     now_ms: int | None = None,
+    owner: str = "",
 ) -> StoreManifest:
     """The next manifest: ``decision`` applied, the fence raised to ``order``.
 
@@ -301,6 +330,7 @@ def apply(
         blob=blob,
         parent_attempt=manifest.attempt_of(version - 1),
         committed_time_ms=now_ms,
+        owner=owner,
     )
     if kind == "snapshot":
         snapshots += (SnapshotEntry(version, attempt, blob),)
@@ -343,6 +373,7 @@ def _body(m: StoreManifest) -> dict[str, Any]:
                 "blob": e.blob,
                 "parentAttempt": e.parent_attempt,
                 "committedTimeMs": e.committed_time_ms,
+                **({"owner": e.owner} if e.owner else {}),
             }
             for e in m.versions
         ],
@@ -418,6 +449,7 @@ def _from_doc(doc: dict[str, Any]) -> StoreManifest:
             blob=str(e["blob"]),
             parent_attempt=str(e["parentAttempt"]),
             committed_time_ms=int(e["committedTimeMs"]),
+            owner=str(e.get("owner", "")),
         )
         for e in doc["versions"]
     )

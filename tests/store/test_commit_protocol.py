@@ -272,3 +272,56 @@ def test_gc_on_a_listing_that_interleaves_with_commits_keeps_the_newest_versions
         with cold.open("op", 0, version=version) as store:
             assert dict(store.scan()) == {b"k%d" % v: b"v%d" % v for v in range(1, version + 1)}
     assert cold.verify(deep=True).ok
+
+
+@pytest.mark.parametrize("mode", ["changelog", "snapshot"])
+def test_a_query_on_a_fresh_checkpoint_never_takes_over_another_querys_state(
+    tmp_path: Path, mode: str
+) -> None:
+    """Query A committed exactly one batch when query B (a fresh checkpointLocation, so its
+    micro-batch 0 loads version 0 again, with a newer run generation) starts on the same
+    operator. As a re-run, B's batch 0 would replace A's version 1 and A's state would be
+    gone without an error (it was, before owners); restarted, A would then go on from B's.
+    B is refused, even with content identical to A's (no adoption across owners), nothing
+    is written, and A continues from its own version 1."""
+    a = _backend(tmp_path, "a", mode=mode)
+    with a.open("op", 0) as store:
+        store.put(b"total", b"A1")
+        store.commit(order=(1, 0, 0, 0), owner="query-A")
+    b = _backend(tmp_path, "b", mode=mode)
+    for value in (b"B1", b"A1"):  # other content, then identical content
+        with b.open("op", 0, version=0) as store:
+            store.put(b"total", value)
+            with pytest.raises(sk.OwnerConflictError, match="belongs to owner 'query-A'"):
+                store.commit(order=(2, 0, 0, 0), owner="query-B")
+    with b.open("op", 0) as store:  # nor may B build on A's version
+        store.put(b"total", b"B2")
+        with pytest.raises(sk.OwnerConflictError, match="may not build on it"):
+            store.commit(order=(2, 1, 0, 0), owner="query-B")
+    assert a.versions("op", 0) == [0, 1]
+    with a.open("op", 0) as store:  # A, restarted: its own state, and it goes on
+        assert (store.version, store.get(b"total")) == (1, b"A1")
+        store.put(b"total", b"A2")
+        store.commit(order=(3, 0, 0, 0), owner="query-A")
+    with a.open("op", 0, version=0) as store:  # A's own re-run of batch 0 is refused only
+        store.put(b"total", b"A1 again")  # because version 1 is final now
+        with pytest.raises(sk.CommitConflictError, match="final") as refused:
+            store.commit(order=(4, 0, 0, 0), owner="query-A")
+        assert not isinstance(refused.value, sk.OwnerConflictError)
+    with _backend(tmp_path, "reader").open("op", 0) as store:
+        assert (store.version, store.get(b"total")) == (2, b"A2")
+
+
+def test_an_ownerless_commit_may_follow_any_owner_and_owners_are_checked(tmp_path: Path) -> None:
+    backend = _backend(tmp_path, "w")
+    with backend.open("op", 0) as store:
+        _commit(store, {b"k": b"1"}, (1, 0, 0, 0))  # no owner
+        store.put(b"k", b"2")
+        store.commit(order=(1, 1, 0, 0), owner="q")  # builds on an ownerless version
+        store.put(b"k", b"3")
+        store.commit(order=(1, 2, 0, 0))  # no owner: anyone's, and it builds on q's
+        for bad in ("", "x" * 256, "a\nb", 7):
+            with pytest.raises(ValueError, match="owner must be a non-empty str"):
+                store.commit(owner=bad)  # type: ignore[arg-type]
+    with backend.open("op", 0) as store:
+        assert (store.version, store.get(b"k")) == (3, b"3")

@@ -21,7 +21,7 @@ from typing import Any
 
 from pyspark import TaskContext
 
-from statekeeper.errors import CommitConflictError, StateKeeperError
+from statekeeper.errors import CommitConflictError, OwnerConflictError, StateKeeperError
 from statekeeper.keyed import StatefulProcessor
 from statekeeper.keyed.grouping import KeyedInput
 from statekeeper.keyed.runner import BatchTime
@@ -107,7 +107,20 @@ def _identity(spec: TaskSpec, data_partition: int | None) -> TaskIdentity:
 def _commit(store: StateStore, spec: TaskSpec, ctx: TaskIdentity) -> CommitInfo:
     order = (spec.generation, ctx.stage_id, ctx.stage_attempt, ctx.attempt)
     try:
-        return store.commit(order=order)
+        # The query id owns what the query commits: another query (a fresh
+        # checkpointLocation) can neither replace its versions nor build on them.
+        return store.commit(order=order, owner=ctx.query_id or None)
+    except OwnerConflictError as exc:
+        raise OwnerConflictError(
+            f"micro-batch {ctx.batch_id} of operator {spec.store.operator!r} partition "
+            f"{ctx.partition} of streaming query {ctx.query_id} could not commit version "
+            f"{ctx.batch_id + 1}: the operator's state belongs to another streaming query, "
+            "whose checkpointLocation is not this query's. A query started with a fresh "
+            "checkpointLocation begins again at micro-batch 0 and would overwrite or "
+            "continue the other query's state. Restart the other query from its own "
+            "checkpointLocation, or give this query its own operator name (or state root) "
+            f"to start from empty state ({exc})"
+        ) from exc
     except CommitConflictError as exc:
         raise CommitConflictError(
             f"micro-batch {ctx.batch_id} of operator {spec.store.operator!r} partition "

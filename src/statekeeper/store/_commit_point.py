@@ -6,7 +6,8 @@ or wrote since), so a commit reads nothing unless another writer (a background s
 re-run, a zombie) wrote a manifest meanwhile: then its create-only write is refused, and the
 newest manifest is listed, read, and the decision taken again (:mod:`statekeeper.manifest`).
 A refused attempt whose changes equal, byte for byte, what the version already holds (a
-re-run that changed nothing) adopts that content instead of failing.
+re-run that changed nothing) adopts that content instead of failing, unless the version
+belongs to another owner.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from statekeeper.manifest import (
     apply,
     decide,
     fenced,
+    owns,
     read_newest_manifest,
     write_manifest,
 )
 from statekeeper.storage import BlobStore
 from statekeeper.store._changelogs import changelog_parts, prefix_length
 
-__all__ = ["CommitPoint", "check_order"]
+__all__ = ["CommitPoint", "check_order", "check_owner"]
 
 _log = logging.getLogger("statekeeper.store")
 
@@ -60,7 +62,7 @@ class CommitPoint:
         """The newest manifest known: read at open, or written or read since."""
 
     def refuse_early(
-        self, version: int, attempt: str, order: Order, columns: Columns, parent: str
+        self, version: int, attempt: str, order: Order, columns: Columns, parent: str, owner: str
     ) -> str | None:
         """Refuse a commit of ``version`` that the known manifest already refuses, before
         anything is written (its fence and its final versions only grow); ``None``, or the
@@ -71,17 +73,17 @@ class CommitPoint:
             CommitConflictError: the commit is refused.
         """
         try:
-            self.check(version, attempt, order, parent)
+            self.check(version, attempt, order, parent, owner)
         except CommitConflictError:
-            adopted = self._identical(self.manifest, version, columns, parent)
+            adopted = self._identical(self.manifest, version, columns, parent, owner)
             if adopted is None:
                 raise
             return adopted
         return None
 
-    def check(self, version: int, attempt: str, order: Order, parent: str) -> None:
-        """Raise if the known manifest refuses ``attempt`` as ``version`` (built on
-        ``parent``'s content of ``version - 1``); a commit whose blob must be written first
+    def check(self, version: int, attempt: str, order: Order, parent: str, owner: str) -> None:
+        """Raise if the known manifest refuses ``attempt`` of ``owner`` as ``version`` (built
+        on ``parent``'s content of ``version - 1``); a commit whose blob must be written first
         and cannot be adopted (a snapshot) checks before it writes.
 
         Raises:
@@ -89,7 +91,7 @@ class CommitPoint:
         """
         decide(
             self.manifest, parent=version - 1, attempt=attempt, order=order,
-            parent_attempt=parent,
+            parent_attempt=parent, owner=owner,
         )  # fmt: skip
 
     def publish(
@@ -101,13 +103,14 @@ class CommitPoint:
         blob: str,
         columns: Columns | None,
         parent: str,
+        owner: str,
     ) -> str | None:
-        """Write the manifest naming ``attempt`` as ``version``, built on ``parent``'s
-        content of ``version - 1``: the commit point.
+        """Write the manifest naming ``attempt`` of ``owner`` as ``version``, built on
+        ``parent``'s content of ``version - 1``: the commit point.
 
-        Returns ``None``, or the attempt adopted when another attempt committed
-        ``version`` first with identical content (``columns``; ``None``: nothing is
-        adopted) on the same parent. Adopting raises the store's fence to ``order`` (see
+        Returns ``None``, or the attempt adopted when another attempt of the same owner
+        committed ``version`` first with identical content (``columns``; ``None``: nothing
+        is adopted) on the same parent. Adopting raises the store's fence to ``order`` (see
         :meth:`adopt`).
 
         Raises:
@@ -120,11 +123,13 @@ class CommitPoint:
             try:
                 decision = decide(
                     manifest, parent=version - 1, attempt=attempt, order=order,
-                    parent_attempt=parent,
+                    parent_attempt=parent, owner=owner,
                 )  # fmt: skip
             except CommitConflictError:
                 adopted = (
-                    None if columns is None else self._identical(manifest, version, columns, parent)
+                    None
+                    if columns is None
+                    else self._identical(manifest, version, columns, parent, owner)
                 )
                 if adopted is None:
                     raise
@@ -133,7 +138,10 @@ class CommitPoint:
             if decision.action == "done":
                 self.manifest = manifest
                 return None
-            new = apply(manifest, decision, attempt=attempt, order=order, kind=kind, blob=blob)
+            new = apply(
+                manifest, decision, attempt=attempt, order=order, kind=kind, blob=blob,
+                owner=owner,
+            )  # fmt: skip
             try:
                 write_manifest(self._blobs, new)
             except CommitConflictError:
@@ -176,12 +184,14 @@ class CommitPoint:
         return found
 
     def _identical(
-        self, manifest: StoreManifest, version: int, columns: Columns, parent: str
+        self, manifest: StoreManifest, version: int, columns: Columns, parent: str, owner: str
     ) -> str | None:
-        """The attempt holding ``version`` if it was built on ``parent`` and holds exactly
-        ``columns`` (a re-run that changed nothing)."""
+        """The attempt holding ``version`` if it was built on ``parent``, holds exactly
+        ``columns`` (a re-run that changed nothing) and ``owner`` may take it over."""
         entry = manifest.entry(version)
         if entry is None or entry.kind != "changelog" or entry.parent_attempt != parent:
+            return None
+        if not owns(owner, entry):
             return None
         key = entry.blob
         length = prefix_length(self._config)
@@ -216,3 +226,24 @@ def check_order(order: object) -> Order:
             f"task attempt), got {order!r}"
         )
     return order
+
+
+MAX_OWNER_LENGTH = 255
+
+
+def check_owner(owner: object) -> str:
+    """``owner`` if it names an owner of versions.
+
+    Raises:
+        ValueError: it is not a non-empty str of at most 255 printable characters.
+    """
+    if (
+        not isinstance(owner, str)
+        or not 0 < len(owner) <= MAX_OWNER_LENGTH
+        or not owner.isprintable()
+    ):
+        raise ValueError(
+            f"owner must be a non-empty str of at most {MAX_OWNER_LENGTH} printable "
+            f"characters (or None: anyone's), got {owner!r}"
+        )
+    return owner

@@ -27,12 +27,12 @@ from typing import TypeVar
 from statekeeper import layout, phases
 from statekeeper.changelog import ChangelogIdentity, ChangelogParts, Columns, encode_changelog_parts
 from statekeeper.config import StoreConfig
-from statekeeper.errors import CommitConflictError, StateKeeperError
+from statekeeper.errors import CommitConflictError, OwnerConflictError, StateKeeperError
 from statekeeper.manifest import PLAIN_ORDER, Order, StoreManifest
 from statekeeper.metrics import CommitMetrics, from_commit
 from statekeeper.snapshot import SnapshotMetrics
 from statekeeper.storage import BlobStore, put_stream
-from statekeeper.store._commit_point import CommitPoint, check_order
+from statekeeper.store._commit_point import CommitPoint, check_order, check_owner
 from statekeeper.store._overlay import as_columns, as_key, as_keys, as_value, merge, sorted_columns
 from statekeeper.store._snapshots import SnapshotJob, Snapshotter, write_metrics_quietly
 from statekeeper.store._working_copy import DamagedCopyError, WorkingCopy
@@ -332,11 +332,13 @@ class StateStore:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def commit(self, *, order: Order | None = None) -> CommitInfo:
+    def commit(self, *, order: Order | None = None, owner: str | None = None) -> CommitInfo:
         """Make the uncommitted writes durable as version ``self.version + 1``.
 
         The commit is an *attempt* of that version, of ``order`` (see
-        :data:`statekeeper.manifest.Order`; the plain API's is ``(0, 0, 0, 0)``). It
+        :data:`statekeeper.manifest.Order`; the plain API's is ``(0, 0, 0, 0)``) and of
+        ``owner`` (``None``: anyone's; the Spark layer passes its streaming query's id). An
+        attempt of one owner never replaces, adopts or builds on a version of another. It
         replaces another attempt's ``version + 1`` if that one is older and nothing was
         built on it (a re-run of a batch); it is refused if an attempt of a newer order
         already wrote the store (this one is a zombie), if ``version + 1`` is final, if
@@ -366,10 +368,11 @@ class StateStore:
         self._check_open()
         started = time.perf_counter_ns()
         order = PLAIN_ORDER if order is None else check_order(order)
+        owner = "" if owner is None else check_owner(owner)
         with phases.measure() as spent:
             with phases.phase("apply"):
                 self._settle()  # the previous commit's write to the working copy
-            info = self._commit(order, started)
+            info = self._commit(order, owner, started)
             elapsed = time.perf_counter_ns() - started
             info = dataclasses.replace(
                 info, duration_s=elapsed / 1e9, phases_ms=_phases_ms(spent, elapsed)
@@ -392,7 +395,7 @@ class StateStore:
         _log.debug("committed %s", info)
         return info
 
-    def _commit(self, order: Order, started: int) -> CommitInfo:
+    def _commit(self, order: Order, owner: str, started: int) -> CommitInfo:
         with phases.phase("encode"):
             columns = sorted_columns(self._pending)
         # The attempt whose content this store loaded (and its copy holds): a re-run may
@@ -406,14 +409,19 @@ class StateStore:
         try:
             if self._config.mode == "snapshot":
                 with phases.phase("snapshot"):
-                    key, uploaded = self._commit_snapshot(columns, order, parent)
+                    key, uploaded = self._commit_snapshot(columns, order, parent, owner)
             else:
-                key, uploaded = self._commit_changelog(columns, order, parent)
+                key, uploaded = self._commit_changelog(columns, order, parent, owner)
         except CommitConflictError as exc:
             self._state = _State.FAILED
-            raise CommitConflictError(
+            then = (
+                "its owner's own attempts may continue it"
+                if isinstance(exc, OwnerConflictError)
+                else "reopen the store to continue from the newest version"
+            )
+            raise type(exc)(
                 f"version {self._version + 1} of store {self._operator}/{self._partition} was "
-                f"not committed: {exc}; reopen the store to continue from the newest version"
+                f"not committed: {exc}; {then}"
             ) from exc
         self._version += 1
         self._pending = {}
@@ -439,11 +447,13 @@ class StateStore:
         metrics, self._metrics = self._metrics, []
         write_metrics_quietly(self._blobs, self._operator, self._partition, metrics)
 
-    def _commit_changelog(self, columns: Columns, order: Order, parent: str) -> tuple[str, int]:
+    def _commit_changelog(
+        self, columns: Columns, order: Order, parent: str, owner: str
+    ) -> tuple[str, int]:
         new_version = self._version + 1
         attempt = self._attempt
         assert attempt is not None
-        adopted = self._point.refuse_early(new_version, attempt, order, columns, parent)
+        adopted = self._point.refuse_early(new_version, attempt, order, columns, parent, owner)
         if adopted is not None:
             with phases.phase("upload"):
                 self._point.adopt(order)
@@ -472,7 +482,7 @@ class StateStore:
             size = 0
         with phases.phase("upload"):
             adopted = self._point.publish(
-                new_version, attempt, order, "changelog", key, columns, parent
+                new_version, attempt, order, "changelog", key, columns, parent, owner
             )
         if parts.count == 1:
             # Nearly every commit: written to the copy after the commit returns (_overlap).
@@ -543,13 +553,15 @@ class StateStore:
         except StateKeeperError as exc:
             raise self._local_failure(version, attempt, exc, committed=True) from exc
 
-    def _commit_snapshot(self, columns: Columns, order: Order, parent: str) -> tuple[str, int]:
+    def _commit_snapshot(
+        self, columns: Columns, order: Order, parent: str, owner: str
+    ) -> tuple[str, int]:
         """Apply locally marked dirty, upload the snapshot, publish it, then mark clean."""
         new_version = self._version + 1
         attempt = self._attempt
         assert attempt is not None
         try:
-            self._point.check(new_version, attempt, order, parent)
+            self._point.check(new_version, attempt, order, parent, owner)
             self._apply_dirty(columns, new_version, attempt)
             job = SnapshotJob(
                 self._copy, self._operator, self._partition, root_id=self._root_id,
@@ -559,7 +571,7 @@ class StateStore:
             if metrics is None:
                 raise StateKeeperError(f"could not snapshot {self!r}: the copy was closed")
             self._point.publish(
-                new_version, attempt, order, "snapshot", job.index_key, None, parent
+                new_version, attempt, order, "snapshot", job.index_key, None, parent, owner
             )
         except BaseException:
             self._state = _State.FAILED  # the local copy holds an uncommitted version
