@@ -20,6 +20,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from statekeeper import StateBackend
+from statekeeper.manifest import read_newest_manifest
 from statekeeper.spark import state_listener
 from tests.spark.connect_server import SPARK_HOME
 
@@ -118,6 +120,21 @@ def state_totals(state: DataFrame) -> dict[str, tuple[int, int]]:
     for r in state.collect():
         found.setdefault(r["k"], {})[r["state"]] = json.loads(r["value"])
     return {k: (v["count"], v["sum"]) for k, v in found.items()}
+
+
+def version_owners(root: str, operator: str, partitions: int) -> list[list[str]]:
+    """Per partition, the owner of every version its newest store manifest retains."""
+    with StateBackend(root) as backend:
+        metadata = backend.root_metadata()
+        assert metadata is not None
+        owners = []
+        for p in range(partitions):
+            manifest = read_newest_manifest(
+                backend.blobs, root_id=metadata.root_id, operator=operator, partition=p
+            )
+            assert manifest is not None
+            owners.append([e.owner for e in manifest.versions])
+        return owners
 
 
 @contextlib.contextmanager

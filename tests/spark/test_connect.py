@@ -36,6 +36,7 @@ from tests.spark.helpers import (
     run_to_end,
     sink_latest,
     state_totals,
+    version_owners,
     write_event_files,
     write_files,
 )
@@ -112,6 +113,8 @@ def test_a_query_restarts_and_reads_state_and_metrics_through_connect(
         if not start:
             spark.stop()
     assert query_ids[0] == query_ids[1]  # resumed, not a new query
+    # Tasks through Connect see the query id too: each version is owned by the query.
+    assert version_owners(root, "counts", PARTITIONS) == [[query_ids[0]] * 4] * PARTITIONS
     expected = batch_totals(spark, inp)
     assert state_totals(read_state(spark, root, "counts")) == expected
     assert sink_latest(spark, tmp_path / "out") == expected

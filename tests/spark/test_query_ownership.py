@@ -20,7 +20,6 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from statekeeper import StateBackend, StoreConfig
-from statekeeper.manifest import read_newest_manifest
 from statekeeper.spark import read_state, transform_with_state
 from tests.spark.helpers import (
     OUTPUT_SCHEMA,
@@ -30,6 +29,7 @@ from tests.spark.helpers import (
     run_to_end,
     sink_latest,
     state_totals,
+    version_owners,
     write_files,
 )
 from tests.spark.processors import RunningCountSum
@@ -70,15 +70,8 @@ def test_a_second_query_is_refused_and_the_first_resumes_with_its_own_state(
 
     write_files(tmp_path / "inA", a_input[1:], start=1)
     query = run_to_end(_out(spark, tmp_path, "inA", "hostA"), tmp_path / "outA", tmp_path / "ckA")
-    with StateBackend(root) as backend:  # every version names A, the same id after a restart
-        metadata = backend.root_metadata()
-        assert metadata is not None
-        for p in range(2):
-            manifest = read_newest_manifest(
-                backend.blobs, root_id=metadata.root_id, operator=NAME, partition=p
-            )
-            assert manifest is not None
-            assert [e.owner for e in manifest.versions] == [str(query.id)] * 4
+    # Every version names A: its id is the same after a restart.
+    assert version_owners(root, NAME, 2) == [[str(query.id)] * 4] * 2
     expected = batch_totals(spark, tmp_path / "inA")
     assert state_totals(read_state(spark, root, NAME)) == expected
     assert sink_latest(spark, tmp_path / "outA") == expected
