@@ -4,11 +4,12 @@ For every version the model keeps its **candidates**: the attempts that may hold
 attempt becomes a candidate when its commit starts; it stays one if it was acknowledged, or if
 it failed in a way that may have landed (a storage error, a crash); it is dropped when it was
 refused, when a reader saw other content for the version and it cannot replace that content
-any more, or when lineage rules it out (a version built on other content of its parent, or
-the parent of a version that exists). Every observation must match a candidate, every commit
-outcome must be one :func:`~tests.sim.policy.allowed_commit_outcomes` allows, and the store's
-version listing must keep every version §5 says it keeps. Only public behaviour is checked:
-what ``open``/``scan``/``commit``/``versions`` return, never a blob name.
+any more (an older attempt, or another owner's), or when lineage rules it out (a version
+built on other content of its parent, or the parent of a version that exists). Every
+observation must match a candidate, every commit outcome must be one
+:func:`~tests.sim.policy.allowed_commit_outcomes` allows, and the store's version listing must
+keep every version §5 says it keeps. Only public behaviour is checked: what
+``open``/``scan``/``commit``/``versions`` return, never a blob name.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tests.sim.policy import (
     State,
     allowed_commit_outcomes,
     may_replace,
+    owners_agree,
     render,
 )
 
@@ -58,6 +60,12 @@ class Model:
         self.attempts: list[Attempt] = [genesis]
         self.known_high = 0
         """Highest version known to exist (acknowledged or read)."""
+        self.superseded: set[int] = set()
+        """Attempts that left the candidates unsettled because one that may replace them
+        holds their version (acknowledged, or read): they may have held it before (a commit
+        that crashed after its manifest landed, re-run by its query's restarted process). A
+        read that began before the replacement may return their content (:meth:`observe`),
+        and a commit of theirs still under way may return either way (:meth:`end`)."""
 
     # -- queries --------------------------------------------------------------------------
 
@@ -83,16 +91,25 @@ class Model:
     # -- commits --------------------------------------------------------------------------
 
     def begin(
-        self, actor: str, version: int, order: Order, parent: State, writes: Writes
+        self,
+        actor: str,
+        version: int,
+        order: Order,
+        parent: State,
+        writes: Writes,
+        owner: str = "",
     ) -> Attempt:
-        """Register a commit of ``version`` built on ``parent`` with ``writes``."""
+        """Register a commit of ``version`` built on ``parent`` with ``writes``, for
+        ``owner`` (empty: none)."""
         state = dict(parent)
         for key, value in writes.items():
             if value is None:
                 state.pop(key, None)
             else:
                 state[key] = value
-        attempt = Attempt(next(self._ids), actor, version, order, parent, frozenset(state.items()))
+        attempt = Attempt(
+            next(self._ids), actor, version, order, parent, frozenset(state.items()), owner=owner
+        )
         self.attempts.append(attempt)
         self.cands.setdefault(version, []).append(attempt)
         return attempt
@@ -109,6 +126,12 @@ class Model:
         """
         if outcome == "unknown":
             attempt.status = "unknown"
+            return
+        if attempt.id in self.superseded:
+            # It may have landed before the attempt that holds its version replaced it, or
+            # not: either outcome is true to that, and it is no candidate again either way.
+            attempt.status = "refused" if outcome == "conflict" else "acked"
+            attempt.landed = attempt.landed or outcome == "ack"
             return
         if outcome == "ack" and attempt.dropped:
             raise InvariantViolation(
@@ -136,12 +159,65 @@ class Model:
             return
         attempt.status, attempt.landed = "acked", True
         self.known_high = max(self.known_high, attempt.version)
+        rivals = self._rivals(attempt)
         self.cands[attempt.version] = [attempt] + [
             c
-            for c in self._rivals(attempt)
+            for c in rivals
             if c.state == attempt.state or (c.status == "inflight" and may_replace(c, attempt))
         ]
+        self._supersede(rivals, [attempt])
         self._propagate()
+
+    def _supersede(self, before: list[Attempt], holders: list[Attempt]) -> None:
+        """Of the candidates ``before`` of a version now held by one of ``holders``, note
+        those that left unsettled although a holder may have replaced them (see
+        :attr:`superseded`)."""
+        kept = self.cands.get(holders[0].version, [])
+        for c in before:
+            if c not in kept and c.status in _UNSETTLED and any(may_replace(h, c) for h in holders):
+                self.superseded.add(c.id)
+
+    def _may_have_held(self, attempt: Attempt) -> bool:
+        """Whether ``attempt`` may have been its version at some moment (a candidate or not
+        now): known to have been, or replaced by one that holds it (:attr:`superseded`)."""
+        return attempt.landed or attempt.id in self.superseded
+
+    def check_owner_conflict(self, attempt: Attempt) -> None:
+        """``attempt``'s commit raised OwnerConflictError (before :meth:`end`): what it would
+        replace or build on is another owner's. That entry was a candidate of its version or
+        of the one below when the commit read it, and a candidate leaves only for another
+        that may hold the version, of the same owner (a newer attempt of it, or a twin).
+
+        Raises:
+            InvariantViolation: no candidate of either version has another owner.
+        """
+        v = attempt.version
+        others = [
+            c
+            for c in self._rivals(attempt) + self.cands.get(v - 1, [])
+            if not owners_agree(attempt.owner, c.owner)
+        ]
+        if not others:
+            raise InvariantViolation(
+                f"version {v}: {attempt.describe()} was refused for another owner's sake, "
+                f"but no commit of version {v} or {v - 1} that may hold it has an owner other "
+                f"than {attempt.owner!r}: {self.contents(v)}, {self.contents(v - 1)}"
+            )
+
+    def _parent_owners(self, attempt: Attempt) -> set[str]:
+        """The owners of what ``attempt`` may have built on: the candidates of its parent
+        version with the content it loaded (version 0's is the genesis, of no owner).
+
+        GC moves the base up to a snapshot of a version at most ``retain - 1`` below the
+        newest, and the base's entry, with its owner, is then no longer in the manifest: a
+        commit built on it cannot tell whose it was. So where that may have happened, "no
+        owner" is one of the possibilities.
+        """
+        below = attempt.version - 1
+        owners = {c.owner for c in self.cands.get(below, []) if c.state == attempt.parent}
+        if self.gc and below <= self.maybe_high - self.retain + 1:
+            owners.add("")
+        return owners
 
     def _rivals(self, attempt: Attempt) -> list[Attempt]:
         return [c for c in self.cands.get(attempt.version, []) if c is not attempt]
@@ -166,6 +242,7 @@ class Model:
                 attempt,
                 self._rivals(attempt),
                 parent=parent,  # type: ignore[arg-type]
+                parent_owners=self._parent_owners(attempt),
                 successor=successor,  # type: ignore[arg-type]
                 fence_certain=max(a.order for a in others if a.status == "acked"),
                 fence_possible=max(a.order for a in others if a.status != "refused"),
@@ -198,10 +275,12 @@ class Model:
 
         A newer attempt may replace a version while a read of it runs (§5.4): the read then
         returns the content that was the version at some moment of the read, which says
-        nothing about the version now: the content of its start, or of an attempt that
-        began and was acknowledged during the read (a reader that finds no version 1 when it
-        starts, then the first attempt's manifest, whose re-run replaces it before the read
-        ends). Any other content that is no candidate now is a violation.
+        nothing about the version now: the content of its start, or of an attempt that was
+        in flight then or began during the read and may have held the version since (a
+        reader that finds no version 1 when it starts, then the first attempt's manifest,
+        whose re-run replaces it before the read ends; or an attempt whose commit crashed
+        after its manifest landed, replaced by its query's restarted run). Any other content
+        that is no candidate now is a violation.
 
         Raises:
             InvariantViolation: no attempt that may hold ``version`` has that content (§5.2).
@@ -210,11 +289,13 @@ class Model:
         matching = [c for c in cands if c.state == state]
         if not matching and at_start is not None:
             before = [c for c in at_start.get(version, []) if c.state == state]
-            if before and all(c.status == "acked" for c in before):
-                return  # replaced during the read: content of its start, no news now
+            if any(self._may_have_held(c) for c in before):
+                # Replaced during the read: content of its start (or of an attempt in flight
+                # then that landed meanwhile), no news now.
+                return
         if not matching and begun is not None:
             during = self.attempts[begun:]
-            if any(c.version == version and c.state == state and c.status == "acked"
+            if any(c.version == version and c.state == state and self._may_have_held(c)
                    for c in during):  # fmt: skip
                 return  # won the version during the read, replaced before it ended
         if not matching:
@@ -233,10 +314,12 @@ class Model:
             and c.status == "inflight"
             and any(may_replace(c, m) for m in matching)
         ]
+        previous = list(cands)  # _drop removes from cands
         for c in cands:
             if c not in matching and c not in rest:
                 self._drop(c, f"{who} read other content for version {version}")
         self.cands[version] = matching + rest
+        self._supersede(previous, matching)
         self._propagate()
 
     def check_latest(self, version: int, known_high_before: int, who: str) -> None:

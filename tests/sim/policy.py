@@ -10,12 +10,15 @@ Two things live here and nowhere else:
   raise :class:`~statekeeper.CommitConflictError`, or may do either, given what the model
   knows. The rules are those of §5 invariant 4 (the format 2 semantics); where format 1 and
   format 2 legitimately differ (a re-run with identical content: format 1 accepts it, format 2
-  refuses a different attempt of equal order) they allow both.
+  refuses a different attempt of equal order) they allow both. They include **owners** (in
+  the Spark layer, streaming queries): an attempt never replaces, adopts or builds on a
+  version of another owner (:func:`statekeeper.manifest.owns`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -30,6 +33,7 @@ __all__ = [
     "commit",
     "may_replace",
     "open_for_write",
+    "owners_agree",
 ]
 
 Order = tuple[int, int, int]
@@ -57,10 +61,14 @@ class Attempt:
     dropped: str = ""
     """Why the model ruled out that this attempt holds its version (empty: it may)."""
     notes: list[str] = field(default_factory=list)
+    owner: str = ""
+    """Whom it commits for (a streaming query); empty: anyone's, as every version of a
+    scenario without ``queries`` is, and version 0 (the empty store) always."""
 
     def describe(self) -> str:
+        owner = f", owner {self.owner}" if self.owner else ""
         return (
-            f"attempt #{self.id} of {self.actor} (order {self.order}, {self.status}) "
+            f"attempt #{self.id} of {self.actor} (order {self.order}{owner}, {self.status}) "
             f"-> {render(self.state)}"
         )
 
@@ -88,21 +96,37 @@ def open_for_write(
     return backend.open(operator, partition, version)
 
 
-def commit(store: sk.StateStore, order: Order) -> sk.CommitInfo:
-    """Commit as an attempt of ``order``: the simulation's ``(generation, stage attempt, task
-    attempt)`` is format 2's ``(generation, stage id, stage attempt, task attempt)`` with one
-    stage."""
+def commit(store: sk.StateStore, order: Order, owner: str = "") -> sk.CommitInfo:
+    """Commit as an attempt of ``order`` and ``owner`` (empty: none, the plain API's
+    default): the simulation's ``(generation, stage attempt, task attempt)`` is format 2's
+    ``(generation, stage id, stage attempt, task attempt)`` with one stage."""
     generation, stage_attempt, task_attempt = order
-    return store.commit(order=(generation, 0, stage_attempt, task_attempt))
+    full = (generation, 0, stage_attempt, task_attempt)
+    if not owner:
+        return store.commit(order=full)  # exactly the call of the scenarios without owners
+    return store.commit(order=full, owner=owner)
+
+
+def owners_agree(owner: str, other: str) -> bool:
+    """Whether an attempt of ``owner`` may replace, adopt or build on a version of ``other``
+    (:func:`statekeeper.manifest.owns`): either is empty, or both are the same.
+
+    The rules below compare owners pair by pair, which is sound when agreeing is transitive:
+    the owners of one scenario's writers are either all empty or all named (version 0, the
+    empty store, has none and is never replaced).
+    """
+    return not owner or not other or owner == other
 
 
 def may_replace(new: Attempt, holder: Attempt) -> bool:
     """Whether ``new`` may replace ``holder`` as its version (if nothing was built on it).
 
     §5.4: a newer attempt replaces an older attempt's ``b + 1``; equal orders never replace
-    each other; an older one (a zombie) never displaces a newer one.
+    each other; an older one (a zombie) never displaces a newer one; and an attempt of one
+    owner never replaces another owner's version, however new it is (a query started with a
+    fresh checkpoint re-running batch 0 over another query's version 1).
     """
-    return new.order > holder.order
+    return new.order > holder.order and owners_agree(new.owner, holder.owner)
 
 
 def allowed_commit_outcomes(
@@ -110,6 +134,7 @@ def allowed_commit_outcomes(
     rivals: Sequence[Attempt],
     *,
     parent: Literal["yes", "maybe", "no"],
+    parent_owners: AbstractSet[str],
     successor: Literal["none", "maybe", "landed"],
     fence_certain: Order,
     fence_possible: Order,
@@ -121,27 +146,38 @@ def allowed_commit_outcomes(
         rivals: other attempts that may hold ``attempt.version`` now (landed, in flight, or
             failed in a way that may have landed).
         parent: whether what the attempt built on may still be ``version - 1``.
+        parent_owners: the owners of what the attempt may have built on (the attempts that
+            may hold ``version - 1`` with the content it loaded); ``""`` among them if that
+            has no owner (version 0, or a snapshot base whose entry is no longer retained).
         successor: whether ``version + 1`` exists.
         fence_certain: the highest order of an attempt known to have committed.
         fence_possible: the highest order of an attempt that may have committed.
     """
-    if attempt.landed or any(r.landed and r.state == attempt.state for r in rivals):
+    if attempt.landed or any(
+        r.landed and r.state == attempt.state and owners_agree(attempt.owner, r.owner)
+        for r in rivals
+    ):
         # It was read back as the version (a retry of a write that landed), or it re-runs a
         # committed version with identical content: format 1 accepts that, format 2 refuses
-        # another attempt of equal order. Either way the version holds this content.
+        # another attempt of equal order. Either way the version holds this content. Another
+        # owner's identical content is never adopted: the rules below decide.
         return frozenset({"ack", "conflict"})
     if attempt.order < fence_certain or parent == "no" or successor == "landed":
         return frozenset({"conflict"})  # a zombie, a stale parent, or a final version
+    if not any(owners_agree(attempt.owner, owner) for owner in parent_owners):
+        return frozenset({"conflict"})  # it built on another owner's version
     for rival in rivals:
         if rival.landed and not may_replace(attempt, rival):
-            # Another attempt committed it first, unless the read that showed its content
-            # may have shown a twin's: identical content this attempt may replace.
+            # Another attempt committed it first (or another owner's holds it), unless the
+            # read that showed its content may have shown a twin's: identical content this
+            # attempt may replace.
             twins = [r for r in rivals if r is not rival and r.landed and r.state == rival.state]
             if not any(may_replace(attempt, twin) for twin in twins):
                 return frozenset({"conflict"})
     if (
         all(may_replace(attempt, rival) for rival in rivals)
         and parent == "yes"
+        and all(owners_agree(attempt.owner, owner) for owner in parent_owners)
         and successor == "none"
         and attempt.order >= fence_possible
     ):

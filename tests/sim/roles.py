@@ -28,7 +28,8 @@ class Writer(Actor):
     Between batches it may snapshot or collect garbage through its own backend, or restart (a
     fixed processor redeployed; with ``zombies`` the old process lives on and commits once
     more later). A re-run repeats the previous batch's writes (a task retry) or writes other
-    content (a fixed processor).
+    content (a fixed processor). With the scenario's ``queries`` it is a streaming query of
+    its own, the owner of what it commits; its old process (a zombie) is of the same query.
     """
 
     kind = "writer"
@@ -41,6 +42,7 @@ class Writer(Actor):
         self.batches: dict[int, Writes] = {}
         self.values = 0
         self.zombie: tuple[sk.StateStore, State, Order] | None = None
+        self.owner = name if self.scenario.queries else ""
 
     def held_stores(self) -> list[sk.StateStore]:
         held = [self.store] if self.store is not None else []
@@ -82,10 +84,7 @@ class Writer(Actor):
 
     def _batch(self) -> None:
         if self.store is None:
-            version = None
-            if self.last >= 1 and self.rng.random() < self.scenario.rerun:
-                back = self.rng.random() < 0.7
-                version = self.last - 1 if back else self.rng.randint(0, self.last - 1)
+            version = self._version_to_open()
             self.sim.note(f"open {'latest' if version is None else version}")
             opened = self.open_checked(self.process(), version, write=True)
             if opened is None:
@@ -103,6 +102,18 @@ class Writer(Actor):
             if self.rng.random() < 0.25:
                 self._drop_store(store)
 
+    def _version_to_open(self) -> int | None:
+        """The latest version (``None``), or an older one to re-run a batch: one before the
+        last this writer committed, or, for a query that has committed nothing yet, version
+        0 (a fresh checkpoint starts at batch 0, whatever the store holds)."""
+        fresh = self.scenario.queries and self.last == 0
+        if not (self.last >= 1 or fresh) or self.rng.random() >= self.scenario.rerun:
+            return None
+        if fresh:
+            return 0
+        back = self.rng.random() < 0.7
+        return self.last - 1 if back else self.rng.randint(0, self.last - 1)
+
     def _writes(self) -> Writes:
         writes: Writes = {}
         for _ in range(self.rng.randint(1, 3)):
@@ -115,7 +126,7 @@ class Writer(Actor):
     def _apply(
         self, store: sk.StateStore, parent: State, order: Order, writes: Writes, who: str
     ) -> Attempt:
-        attempt = self.model.begin(who, store.version + 1, order, parent, writes)
+        attempt = self.model.begin(who, store.version + 1, order, parent, writes, self.owner)
         for key, value in writes.items():
             if value is None:
                 store.delete(key)
@@ -128,8 +139,9 @@ class Writer(Actor):
         """Commit, retrying after a storage error in changelog mode; True if acknowledged."""
         while True:
             try:
-                info = policy.commit(store, attempt.order)
-            except sk.CommitConflictError:
+                info = policy.commit(store, attempt.order, attempt.owner)
+            except sk.CommitConflictError as exc:
+                self._check_refusal(attempt, exc)
                 self.inflight = []
                 self.model.end(attempt, "conflict")
                 self._drop_store(store)
@@ -150,6 +162,11 @@ class Writer(Actor):
                 )
             return True
 
+    def _check_refusal(self, attempt: Attempt, exc: sk.CommitConflictError) -> None:
+        """A refusal for the owner's sake must have an owner behind it."""
+        if isinstance(exc, sk.OwnerConflictError):
+            self.model.check_owner_conflict(attempt)
+
     def _drop_store(self, store: sk.StateStore) -> None:
         store.close()  # held until closed: a crash while closing abandons it
         if store is self.store:
@@ -166,8 +183,9 @@ class Writer(Actor):
         self.sim.note(f"zombie commit {store.version + 1}")
         attempt = self._apply(store, state, order, self._writes(), f"{self.name}-zombie")
         try:
-            policy.commit(store, order)
-        except sk.CommitConflictError:
+            policy.commit(store, order, attempt.owner)
+        except sk.CommitConflictError as exc:
+            self._check_refusal(attempt, exc)
             self.model.end(attempt, "conflict")
         except sk.StorageError:
             self.model.end(attempt, "unknown")

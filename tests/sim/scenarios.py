@@ -2,7 +2,9 @@
 
 The second group exercises what format 1 got wrong (issue "commit protocol v2": re-runs by
 newer attempts, zombies, snapshot-mode re-runs of batch 0, writers in two modes, GC racing
-uploads and paged listings); format 2 must pass them like the rest.
+uploads and paged listings); format 2 must pass them like the rest. The third has writers of
+different owners (streaming queries): a query started with a fresh checkpoint re-runs batch 0
+as a newer attempt, and without owners would replace another query's version 1.
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ class Scenario:
     worker whose cached store outlived a restart and takes a task of the new run."""
     orders: bool = False
     """Every new process is a newer attempt (a higher generation), as a restarted query is."""
+    queries: bool = False
+    """Each writer commits as an owner of its own (a streaming query, named after the actor;
+    its zombie is of the same query), and one that has committed nothing yet re-runs (chance
+    ``rerun``) from version 0: a query started with a fresh checkpoint, whose batch 0 loads
+    the empty store whatever the store holds."""
     writer_snapshots: float = 0.0
     writer_gc: float = 0.0
     wipe: float = 0.5
@@ -95,6 +102,19 @@ _RERUN_NEWER = Scenario(
     restarts=0.25,
     zombies=True,
     orders=True,
+)
+
+_RACING_QUERIES = Scenario(
+    "racing_queries",
+    "two writers, each its own streaming query, restarted as newer attempts: one started "
+    "with a fresh checkpoint re-runs batch 0 over the other's version 1, which it may "
+    "neither replace nor build on",
+    (ActorSpec("writer", steps=4, count=2), _READER),
+    faults=_FAULTS,
+    rerun=0.5,
+    restarts=0.2,
+    orders=True,
+    queries=True,
 )
 
 SCENARIOS = _scenarios(
@@ -200,6 +220,23 @@ SCENARIOS = _scenarios(
         retain=2,
         writer_snapshots=0.3,
         page_size=2,
+    ),
+    # -- owners (streaming queries) ------------------------------------------------------
+    _RACING_QUERIES,
+    replace(
+        _RACING_QUERIES,
+        name="racing_queries_snapshot_mode",
+        doc="racing_queries with snapshot-mode writers (no identical content is adopted)",
+        actors=(ActorSpec("writer", steps=3, count=2, mode="snapshot"), _READER),
+    ),
+    replace(
+        _RACING_QUERIES,
+        name="racing_queries_with_zombies",
+        doc="racing_queries where a restarted writer's old process (a zombie of its query) "
+        "commits once more: attempts of one query replace its versions and build on them, "
+        "the other query's may do neither",
+        actors=(ActorSpec("writer", steps=5, count=2), _READER),
+        zombies=True,
     ),
 )
 

@@ -1,7 +1,7 @@
 """The simulation in ``make test``: every scenario today's code passes, over a fixed range of
 seeds, in worker processes (:mod:`tests.sim.parallel`).
 
-``SIM_SEEDS`` (environment) sets the seeds per scenario (170: 2040 seeds in all),
+``SIM_SEEDS`` (environment) sets the seeds per scenario (170: 2720 seeds in all),
 ``SIM_JOBS`` the worker processes (default 2, or 1 on one core: then the seeds run in the
 pytest process); ``make soak SEEDS=N`` runs more.
 """
@@ -9,10 +9,12 @@ pytest process); ``make soak SEEDS=N`` runs more.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import pytest
 
+import statekeeper.manifest
+import statekeeper.store._commit_point
 from tests.sim.model import InvariantViolation
 from tests.sim.parallel import CHUNK, Batch, SeedPool, trace_digest
 from tests.sim.runner import SimFailure, run_seed
@@ -69,6 +71,71 @@ def test_a_store_that_loses_commits_is_caught() -> None:
     assert all(isinstance(f, InvariantViolation) for f in failures), failures
     with pytest.raises(SimFailure, match=r"reproduce: \.venv/bin/python -m tests\.sim "):
         next(r for r in results if r.failure is not None).raise_failure()
+
+
+_QUERIES = "racing_queries"
+_QUERY_SEEDS = range(8)
+"""Seeds of racing_queries that today's code passes, and of which 4, 5 and 6 fail if the
+store ignores owners (seed 4: writer1 commits version 1, then writer0, restarted as a newer
+attempt, re-runs batch 0 from version 0 and replaces it, as query B did to query A)."""
+_ADOPTING_SEEDS = (80, 174)
+"""Seeds of racing_queries in which a writer re-runs batch 0 with exactly the changes of the
+other query's version 1 (found by running 300 seeds with only the adoption ignoring owners)."""
+
+
+def _owners_ignored(monkeypatch: pytest.MonkeyPatch, *, adopt_only: bool = False) -> None:
+    """The store as it was before owners: anyone owns every version (or, ``adopt_only``,
+    only adopting identical content ignores owners)."""
+
+    def anyone(owner: str, entry: object) -> bool:
+        return True
+
+    if not adopt_only:
+        monkeypatch.setattr(statekeeper.manifest, "owns", anyone)  # decide()
+    monkeypatch.setattr(statekeeper.store._commit_point, "owns", anyone)  # adopting
+
+
+def _failures(name: str, seeds: Iterable[int]) -> list[BaseException]:
+    return [r.failure for r in (run_seed(SCENARIOS[name], s) for s in seeds) if r.failure]
+
+
+def test_racing_queries_hold_for_the_self_check_seeds() -> None:
+    """The failures below come from ignoring owners, not from these seeds."""
+    assert _failures(_QUERIES, [*_QUERY_SEEDS, *_ADOPTING_SEEDS]) == []
+
+
+def test_a_store_that_ignores_owners_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bug owners close: a query started with a fresh checkpoint (a newer attempt)
+    re-runs batch 0 over another query's version 1 and replaces it, or builds on another
+    query's versions; the model must call that a violation."""
+    _owners_ignored(monkeypatch)
+    failures = _failures(_QUERIES, _QUERY_SEEDS)
+    assert len(failures) >= 2
+    assert all(isinstance(f, InvariantViolation) for f in failures), failures
+    assert any("committed although the protocol must refuse it" in str(f) for f in failures)
+
+
+def test_a_store_that_adopts_another_owners_content_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An attempt whose changes are byte for byte another query's version must not adopt it
+    (the identical re-run shortcut): refused for the owner, the rules say it must be
+    refused."""
+    _owners_ignored(monkeypatch, adopt_only=True)
+    failures = _failures(_QUERIES, _ADOPTING_SEEDS)
+    assert failures
+    assert all(isinstance(f, InvariantViolation) for f in failures), failures
+
+
+def test_a_store_that_refuses_owners_their_own_versions_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The other way round: OwnerConflictError where no other owner is in the way."""
+    monkeypatch.setattr(statekeeper.manifest, "owns", lambda owner, entry: False)
+    failures = _failures(_QUERIES, _QUERY_SEEDS)
+    assert len(failures) >= 4
+    assert all(isinstance(f, InvariantViolation) for f in failures), failures
+    assert any("refused for another owner's sake" in str(f) for f in failures)
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
