@@ -325,3 +325,22 @@ def test_an_ownerless_commit_may_follow_any_owner_and_owners_are_checked(tmp_pat
                 store.commit(owner=bad)  # type: ignore[arg-type]
     with backend.open("op", 0) as store:
         assert (store.version, store.get(b"k")) == (3, b"3")
+
+
+def test_an_identical_re_run_adopts_only_what_the_newest_manifest_holds(tmp_path: Path) -> None:
+    """A store that knows version 1 as attempt ``a``'s content re-runs batch 0 with exactly
+    those changes, but meanwhile a newer attempt replaced version 1 with other content. The
+    known manifest says "identical": adopting from it acknowledged a commit for content that
+    was no longer the version (found by the simulation, ``one_query_runs_twice`` seed
+    1141000444). The newest manifest decides, and the commit is refused."""
+    with _backend(tmp_path, "a").open("op", 0) as store:
+        _commit(store, {b"k": b"C"}, (1, 0, 0, 0))
+    stale = _backend(tmp_path, "stale").open("op", 0, version=0)  # knows version 1 as a's
+    with _backend(tmp_path, "newer").open("op", 0, version=0) as store:
+        _commit(store, {b"k": b"D"}, (2, 0, 0, 0))  # replaces version 1
+    stale.put(b"k", b"C")
+    with pytest.raises(sk.CommitConflictError, match="not newer"):
+        stale.commit(order=(1, 0, 0, 0))
+    stale.close()
+    with _backend(tmp_path, "reader").open("op", 0) as store:
+        assert (store.version, store.get(b"k")) == (1, b"D")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 
+from statekeeper import phases
 from statekeeper.changelog import Columns
 from statekeeper.config import StoreConfig
 from statekeeper.errors import CommitConflictError, StateKeeperError
@@ -66,16 +67,17 @@ class CommitPoint:
     ) -> str | None:
         """Refuse a commit of ``version`` that the known manifest already refuses, before
         anything is written (its fence and its final versions only grow); ``None``, or the
-        attempt to adopt when the version holds identical content already (see
+        attempt adopted when the version holds identical content already (see
         :meth:`publish`).
 
         Raises:
             CommitConflictError: the commit is refused.
+            StorageError: reading or writing a manifest failed (the commit may be retried).
         """
         try:
             self.check(version, attempt, order, parent, owner)
         except CommitConflictError:
-            adopted = self._identical(self.manifest, version, columns, parent, owner)
+            adopted = self._adopt(version, columns, parent, owner, order)
             if adopted is None:
                 raise
             return adopted
@@ -110,8 +112,7 @@ class CommitPoint:
 
         Returns ``None``, or the attempt adopted when another attempt of the same owner
         committed ``version`` first with identical content (``columns``; ``None``: nothing
-        is adopted) on the same parent. Adopting raises the store's fence to ``order`` (see
-        :meth:`adopt`).
+        is adopted) on the same parent (see :meth:`_adopt`).
 
         Raises:
             CommitConflictError: the commit is refused (see
@@ -127,13 +128,10 @@ class CommitPoint:
                 )  # fmt: skip
             except CommitConflictError:
                 adopted = (
-                    None
-                    if columns is None
-                    else self._identical(manifest, version, columns, parent, owner)
+                    None if columns is None else self._adopt(version, columns, parent, owner, order)
                 )
                 if adopted is None:
                     raise
-                self.manifest = self._raise_fence(manifest, order)
                 return adopted
             if decision.action == "done":
                 self.manifest = manifest
@@ -150,28 +148,37 @@ class CommitPoint:
             self.manifest = new
             return None
 
-    def adopt(self, order: Order) -> None:
-        """After adopting another attempt's identical content: raise the store's fence to
+    def _adopt(
+        self, version: int, columns: Columns, parent: str, owner: str, order: Order
+    ) -> str | None:
+        """The attempt whose identical content (``columns``, built on ``parent``) the newest
+        manifest names as ``version``, now taken over by this attempt; ``None`` if there is
+        none (the commit is refused).
+
+        The known manifest may be stale: a newer attempt may have replaced the version
+        since, and the commit would then be acknowledged for content that is no longer the
+        version. So the newest manifest decides. Adopting raises the store's fence to
         ``order`` if it is lower (one more manifest), so that an older attempt (a zombie of
         the run this one replaces) cannot append to versions this run has taken over, which
-        would leave them final to it.
+        would leave them final to it; a lost race for that manifest decides again.
 
         Raises:
-            StorageError: the manifest write failed (the commit may be retried).
+            StorageError: reading or writing a manifest failed (the commit may be retried).
         """
-        self.manifest = self._raise_fence(self.manifest, order)
-
-    def _raise_fence(self, manifest: StoreManifest, order: Order) -> StoreManifest:
-        """:meth:`adopt` from ``manifest``; returns the manifest that holds the fence."""
-        while order > manifest.fence:
-            new = fenced(manifest, order)
-            try:
-                write_manifest(self._blobs, new)
-            except CommitConflictError:
+        with phases.phase("upload"):
+            while True:
                 manifest = self._newest()
-                continue
-            return new
-        return manifest
+                adopted = self._identical(manifest, version, columns, parent, owner)
+                if adopted is None:
+                    return None
+                if order > manifest.fence:
+                    manifest = fenced(manifest, order)
+                    try:
+                        write_manifest(self._blobs, manifest)
+                    except CommitConflictError:
+                        continue
+                self.manifest = manifest
+                return adopted
 
     def _newest(self) -> StoreManifest:
         found = read_newest_manifest(

@@ -455,8 +455,6 @@ class StateStore:
         assert attempt is not None
         adopted = self._point.refuse_early(new_version, attempt, order, columns, parent, owner)
         if adopted is not None:
-            with phases.phase("upload"):
-                self._point.adopt(order)
             self._apply_locally(columns, new_version, adopted)
             return self._point.manifest.entry(new_version).blob, 0  # type: ignore[union-attr]
 
