@@ -303,6 +303,7 @@ class Actor:
         for _ in range(_OPEN_TRIES):
             known, deleted = self.model.known_high, self.world.deleted
             at_start, begun = self.model.candidates(), self.model.attempts_so_far()
+            running = self.model.in_flight()
             try:
                 if write:
                     store = policy.open_for_write(backend, OP, PARTITION, version, self.order)
@@ -331,7 +332,7 @@ class Actor:
                 self.model.check_latest(store.version, known, who)
             elif store.version != version:
                 raise InvariantViolation(f"{who}: the store says version {store.version}")
-            self.model.observe(store.version, state, who, at_start, begun)
+            self.model.observe(store.version, state, who, at_start, begun, running)
         except BaseException:
             store.close()
             raise

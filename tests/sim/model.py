@@ -60,6 +60,8 @@ class Model:
         self.attempts: list[Attempt] = [genesis]
         self.known_high = 0
         """Highest version known to exist (acknowledged or read)."""
+        self._overlapping: dict[int, frozenset[int]] = {genesis.id: frozenset()}
+        """Per attempt, the attempts whose commits were running when it began."""
         self.superseded: set[int] = set()
         """Attempts that left the candidates unsettled because one that may replace them
         holds their version (acknowledged, or read): they may have held it before (a commit
@@ -110,6 +112,7 @@ class Model:
         attempt = Attempt(
             next(self._ids), actor, version, order, parent, frozenset(state.items()), owner=owner
         )
+        self._overlapping[attempt.id] = self.in_flight()
         self.attempts.append(attempt)
         self.cands.setdefault(version, []).append(attempt)
         return attempt
@@ -163,10 +166,22 @@ class Model:
         self.cands[attempt.version] = [attempt] + [
             c
             for c in rivals
-            if c.state == attempt.state or (c.status == "inflight" and may_replace(c, attempt))
+            if c.state == attempt.state
+            or (self._may_land_after(c, attempt) and may_replace(c, attempt))
         ]
         self._supersede(rivals, [attempt])
         self._propagate()
+
+    def _may_land_after(self, rival: Attempt, attempt: Attempt) -> bool:
+        """Whether ``rival`` may land after ``attempt``'s commit took effect: it is running,
+        or its outcome is unknown (its writer died) and it ran while ``attempt``'s commit
+        did. (A commit takes effect at its manifest write, or, when it adopts identical
+        content, at the read of the newest manifest: a rival may land after either.)"""
+        if rival.status == "inflight":
+            return True
+        return rival.status == "unknown" and (
+            rival.id > attempt.id or rival.id in self._overlapping[attempt.id]
+        )
 
     def _supersede(self, before: list[Attempt], holders: list[Attempt]) -> None:
         """Of the candidates ``before`` of a version now held by one of ``holders``, note
@@ -256,6 +271,11 @@ class Model:
         now may return (see :meth:`observe`)."""
         return {v: list(cands) for v, cands in self.cands.items()}
 
+    def in_flight(self) -> frozenset[int]:
+        """The ids of the attempts whose commits are running: at a read's start, those that
+        may land during the read (see :meth:`observe`)."""
+        return frozenset(a.id for a in self.attempts if a.status == "inflight")
+
     def attempts_so_far(self) -> int:
         """How many attempts exist: at a read's start, those after it began during the read
         (see :meth:`observe`)."""
@@ -268,10 +288,12 @@ class Model:
         who: str,
         at_start: dict[int, list[Attempt]] | None = None,
         begun: int | None = None,
+        running: frozenset[int] = frozenset(),
     ) -> None:
         """A store opened at ``version`` holds ``state``; ``at_start`` are the candidates
         when the open began (:meth:`candidates`), ``begun`` the number of attempts then
-        (:meth:`attempts_so_far`).
+        (:meth:`attempts_so_far`), ``running`` those whose commits were running then
+        (:meth:`in_flight`).
 
         A newer attempt may replace a version while a read of it runs (§5.4): the read then
         returns the content that was the version at some moment of the read, which says
@@ -280,7 +302,10 @@ class Model:
         reader that finds no version 1 when it starts, then the first attempt's manifest,
         whose re-run replaces it before the read ends; or an attempt whose commit crashed
         after its manifest landed, replaced by its query's restarted run). Any other content
-        that is no candidate now is a violation.
+        that is no candidate now is a violation. The other way round, what the read returned
+        rules out only what had landed when it began: an attempt whose commit was running
+        then, or began during the read, may have landed after the read chose its manifest,
+        even if its writer has died since (its outcome unknown).
 
         Raises:
             InvariantViolation: no attempt that may hold ``version`` has that content (§5.2).
@@ -307,11 +332,15 @@ class Model:
         for c in matching:
             c.landed = True
         self.known_high = max(self.known_high, version)
+        late = {a.id for a in self.attempts[begun:]} if begun is not None else set()
         rest = [
             c
             for c in cands
             if c not in matching
-            and c.status == "inflight"
+            and (
+                c.status == "inflight"
+                or (c.status == "unknown" and (c.id in running or c.id in late))
+            )
             and any(may_replace(c, m) for m in matching)
         ]
         previous = list(cands)  # _drop removes from cands

@@ -42,7 +42,8 @@ class Writer(Actor):
         self.batches: dict[int, Writes] = {}
         self.values = 0
         self.zombie: tuple[sk.StateStore, State, Order] | None = None
-        self.owner = name if self.scenario.queries else ""
+        queries = self.scenario.queries
+        self.owner = queries[int(name.removeprefix("writer") or 0)] if queries else ""
 
     def held_stores(self) -> list[sk.StateStore]:
         held = [self.store] if self.store is not None else []
@@ -106,7 +107,7 @@ class Writer(Actor):
         """The latest version (``None``), or an older one to re-run a batch: one before the
         last this writer committed, or, for a query that has committed nothing yet, version
         0 (a fresh checkpoint starts at batch 0, whatever the store holds)."""
-        fresh = self.scenario.queries and self.last == 0
+        fresh = bool(self.scenario.queries) and self.last == 0
         if not (self.last >= 1 or fresh) or self.rng.random() >= self.scenario.rerun:
             return None
         if fresh:

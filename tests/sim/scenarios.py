@@ -63,11 +63,11 @@ class Scenario:
     worker whose cached store outlived a restart and takes a task of the new run."""
     orders: bool = False
     """Every new process is a newer attempt (a higher generation), as a restarted query is."""
-    queries: bool = False
-    """Each writer commits as an owner of its own (a streaming query, named after the actor;
-    its zombie is of the same query), and one that has committed nothing yet re-runs (chance
-    ``rerun``) from version 0: a query started with a fresh checkpoint, whose batch 0 loads
-    the empty store whatever the store holds."""
+    queries: tuple[str, ...] = ()
+    """The streaming query each writer commits for (its owner), by writer number; empty:
+    none. A writer's zombie is of its query, and a writer that has committed nothing yet
+    re-runs (chance ``rerun``) from version 0: a query started with a fresh checkpoint (or a
+    new run's task of batch 0), whose batch 0 loads the empty store whatever it holds."""
     writer_snapshots: float = 0.0
     writer_gc: float = 0.0
     wipe: float = 0.5
@@ -114,7 +114,7 @@ _RACING_QUERIES = Scenario(
     rerun=0.5,
     restarts=0.2,
     orders=True,
-    queries=True,
+    queries=("a", "b"),
 )
 
 SCENARIOS = _scenarios(
@@ -237,6 +237,17 @@ SCENARIOS = _scenarios(
         "the other query's may do neither",
         actors=(ActorSpec("writer", steps=5, count=2), _READER),
         zombies=True,
+    ),
+    replace(
+        _RACING_QUERIES,
+        name="one_query_runs_twice",
+        doc="two writers of one query at once (an old run's task still committing while the "
+        "new run's runs, each restarted as newer attempts, with zombies) and a writer of "
+        "another query: within a query, the newer attempt wins and an identical re-run "
+        "adopts only what the newest manifest holds",
+        actors=(ActorSpec("writer", steps=4, count=3), _READER),
+        zombies=True,
+        queries=("a", "a", "b"),
     ),
 )
 

@@ -1,7 +1,7 @@
 """The simulation in ``make test``: every scenario today's code passes, over a fixed range of
 seeds, in worker processes (:mod:`tests.sim.parallel`).
 
-``SIM_SEEDS`` (environment) sets the seeds per scenario (170: 2720 seeds in all),
+``SIM_SEEDS`` (environment) sets the seeds per scenario (170: 2890 seeds in all),
 ``SIM_JOBS`` the worker processes (default 2, or 1 on one core: then the seeds run in the
 pytest process); ``make soak SEEDS=N`` runs more.
 """
