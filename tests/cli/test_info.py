@@ -72,6 +72,7 @@ def test_versions_json_says_which_snapshot_each_version_needs(root: Built) -> No
         "base_kind": "empty",
         "snapshot": None,
         "changelogs": [1, 2],
+        "owner": None,
     }
     assert by_version[3]["snapshot"] == 3
     assert by_version[3]["changelogs"] == []
@@ -80,6 +81,7 @@ def test_versions_json_says_which_snapshot_each_version_needs(root: Built) -> No
         "base_kind": "snapshot",
         "snapshot": 3,
         "changelogs": [4, 5],
+        "owner": None,
     }
     assert by_version[7]["snapshot"] == 6
     assert by_version[7]["changelogs"] == [7]
@@ -94,6 +96,29 @@ def test_versions_of_one_partition_in_a_table(root: Built) -> None:
     assert "snapshot 6" in out
     assert "empty store" in out
     assert "4..V" in out  # versions 4-5: snapshot 3, then changelogs 4 up to the version
+
+
+def test_versions_name_the_query_that_committed_each_version(local: Built, tmp_path: Path) -> None:
+    """After an OwnerConflictError, which query holds the operator: the owner of each
+    version (the Spark layer's streaming query id), in the JSON and as a table column."""
+    with local.backend(tmp_path / "wc") as backend:
+        with backend.open("owned", 0) as store:
+            for owner in ("query-a", "query-a", None, "query-b"):
+                store.put(b"k", b"v")
+                store.commit(owner=owner)
+        with backend.open("plain", 0) as store:
+            store.put(b"k", b"v")
+            store.commit()
+    doc = json.loads(run("versions", local.uri, "owned", "--json").stdout)
+    [part] = doc["partitions"]
+    assert [(v["version"], v["owner"]) for v in part["versions"]] == [
+        (0, None), (1, "query-a"), (2, "query-a"), (3, None), (4, "query-b"),
+    ]  # fmt: skip
+    table = run("versions", local.uri, "owned").stdout
+    assert "owner (streaming query)" in table
+    assert "query-a" in table
+    assert "query-b" in table
+    assert "owner" not in run("versions", local.uri, "plain").stdout  # no column without owners
 
 
 def test_versions_of_snapshot_mode_store(root: Built) -> None:

@@ -179,25 +179,31 @@ def versions(
 
 def _plans(history: StoreHistory) -> list[dict[str, Any]]:
     out = []
+    manifest = history.manifest
     for v in history.restorable_versions():
         plan = history.plan(v, None)
+        entry = None if manifest is None else manifest.entry(v)
         out.append(
             {
                 "version": v,
                 "base_kind": plan.base_kind,
                 "snapshot": plan.base if plan.base_kind == "snapshot" else None,
                 "changelogs": list(plan.replay),
+                # Who committed it: the streaming query's id in the Spark layer.
+                "owner": (entry.owner or None) if entry is not None else None,
             }
         )
     return out
 
 
 def _print_versions(console: Console, doc: dict[str, Any]) -> None:
-    table = Table("partition", "versions (V)", "restored from", "then replays changelogs")
+    columns = ["partition", "versions (V)", "restored from", "then replays changelogs"]
+    owned = any(v["owner"] for part in doc["partitions"] for v in part["versions"])
+    table = Table(*columns, *(["owner (streaming query)"] if owned else []))
     for part in doc["partitions"]:
         rows = _group(part["versions"])
         if not rows:
-            table.add_row(str(part["partition"]), "none", "-", "-")
+            table.add_row(str(part["partition"]), "none", "-", "-", *(["-"] if owned else []))
         for versions_, entry in rows:
             first = entry["changelogs"][0] if entry["changelogs"] else None
             source = (
@@ -206,22 +212,25 @@ def _print_versions(console: Console, doc: dict[str, Any]) -> None:
             replay = "none" if first is None else f"{first}..V"
             if len(versions_) == 1 and first is not None:
                 replay = version_ranges(entry["changelogs"])
-            table.add_row(str(part["partition"]), version_ranges(versions_), source, replay)
+            owner = [entry["owner"] or "-"] if owned else []
+            table.add_row(str(part["partition"]), version_ranges(versions_), source, replay, *owner)
     console.print(Text(f"{doc['operator']} in {doc['root']}"))
     console.print(table)
 
 
 def _group(entries: list[dict[str, Any]]) -> list[tuple[list[int], dict[str, Any]]]:
-    """Consecutive versions restored from the same base, as one row each.
+    """Consecutive versions restored from the same base (and of one owner), as one row each.
 
     A snapshot version itself (nothing to replay) gets a row of its own.
     """
     rows: list[tuple[list[int], dict[str, Any]]] = []
     for entry in entries:
-        key = (entry["base_kind"], entry["snapshot"], bool(entry["changelogs"]))
+        key = (entry["base_kind"], entry["snapshot"], bool(entry["changelogs"]), entry["owner"])
         if rows:
             last_versions, last = rows[-1]
-            last_key = (last["base_kind"], last["snapshot"], bool(last["changelogs"]))
+            last_key = (
+                last["base_kind"], last["snapshot"], bool(last["changelogs"]), last["owner"]
+            )  # fmt: skip
             if last_key == key and last_versions[-1] + 1 == entry["version"]:
                 last_versions.append(entry["version"])
                 continue
