@@ -119,7 +119,8 @@ def _commit(store: StateStore, spec: TaskSpec, ctx: TaskIdentity) -> CommitInfo:
             "checkpointLocation begins again at micro-batch 0 and would overwrite or "
             "continue the other query's state. Restart the other query from its own "
             "checkpointLocation, or give this query its own operator name (or state root) "
-            f"to start from empty state ({exc})"
+            "to start from empty state; `statekeeper versions ROOT OPERATOR` names the query "
+            f"that wrote each version ({exc})"
         ) from exc
     except CommitConflictError as exc:
         raise CommitConflictError(
