@@ -133,6 +133,15 @@ class Model:
         if attempt.id in self.superseded:
             # It may have landed before the attempt that holds its version replaced it, or
             # not: either outcome is true to that, and it is no candidate again either way.
+            # Landed, it was built on what the version below held: that version was final
+            # while it held its own, so the holder now was built on the same content.
+            below = {c.state for c in self.cands.get(attempt.version - 1, [])}
+            if outcome == "ack" and attempt.parent not in below:
+                raise InvariantViolation(
+                    f"version {attempt.version}: {attempt.describe()} was acknowledged, built "
+                    f"on {render(attempt.parent)}, which version {attempt.version - 1} cannot "
+                    f"have held: {self.contents(attempt.version - 1)}"
+                )
             attempt.status = "refused" if outcome == "conflict" else "acked"
             attempt.landed = attempt.landed or outcome == "ack"
             return
@@ -312,17 +321,22 @@ class Model:
         """
         cands = self.cands.get(version, [])
         matching = [c for c in cands if c.state == state]
-        if not matching and at_start is not None:
-            before = [c for c in at_start.get(version, []) if c.state == state]
-            if any(self._may_have_held(c) for c in before):
-                # Replaced during the read: content of its start (or of an attempt in flight
-                # then that landed meanwhile), no news now.
-                return
-        if not matching and begun is not None:
-            during = self.attempts[begun:]
-            if any(c.version == version and c.state == state and self._may_have_held(c)
-                   for c in during):  # fmt: skip
-                return  # won the version during the read, replaced before it ended
+        started = at_start.get(version, []) if at_start is not None else []
+        during = self.attempts[begun:] if begun is not None else []
+        replaced = [
+            c
+            for c in (*started, *during)
+            if c.version == version
+            and c.state == state
+            and c not in cands
+            and self._may_have_held(c)
+        ]
+        if replaced:
+            # The content of an attempt that held the version at some moment of the read (a
+            # candidate at its start, or one that began during it) and has been replaced
+            # since: the read may have seen it then, so it says nothing about the version
+            # now, even if an attempt that may hold it now has the same content (a twin).
+            return
         if not matching:
             raise InvariantViolation(
                 f"{who} opened version {version} and read {render(state)}, which no commit of "

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import pytest
 
+import statekeeper as sk
 import statekeeper.manifest
 import statekeeper.store._commit_point
+from statekeeper.manifest import fenced, write_manifest
+from statekeeper.store._commit_point import CommitPoint
 from tests.sim.model import InvariantViolation
 from tests.sim.parallel import CHUNK, Batch, SeedPool, trace_digest
 from tests.sim.runner import SimFailure, run_seed
@@ -136,6 +140,43 @@ def test_a_store_that_refuses_owners_their_own_versions_is_caught(
     assert len(failures) >= 4
     assert all(isinstance(f, InvariantViolation) for f in failures), failures
     assert any("refused for another owner's sake" in str(f) for f in failures)
+
+
+_STALE_ADOPTION_SEEDS = (1141000378, 1141000444, 1141001788)
+"""Seeds of one_query_runs_twice that fail when adoption trusts the known manifest."""
+
+
+def test_a_store_that_adopts_from_a_stale_manifest_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bug this scenario found: a re-run whose changes equal what the manifest its store
+    knew names for the version adopted it without reading the newest manifest, in which a
+    newer attempt may have replaced the version: acknowledged for content that was no
+    longer the version. With the adoption as it was, these seeds fail; as it is, they pass."""
+    assert _failures("one_query_runs_twice", _STALE_ADOPTION_SEEDS) == []
+
+    def adopt_from_the_known_manifest(
+        self: CommitPoint, version: int, columns: Any, parent: str, owner: str, order: Any
+    ) -> str | None:
+        manifest = self.manifest
+        while True:
+            adopted = self._identical(manifest, version, columns, parent, owner)
+            if adopted is None:
+                return None
+            if order > manifest.fence:
+                try:
+                    write_manifest(self._blobs, fenced(manifest, order))
+                except sk.CommitConflictError:
+                    manifest = self._newest()
+                    continue
+                manifest = fenced(manifest, order)
+            self.manifest = manifest
+            return adopted
+
+    monkeypatch.setattr(CommitPoint, "_adopt", adopt_from_the_known_manifest)
+    failures = _failures("one_query_runs_twice", _STALE_ADOPTION_SEEDS)
+    assert len(failures) == len(_STALE_ADOPTION_SEEDS)
+    assert all(isinstance(f, InvariantViolation) for f in failures), failures
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
