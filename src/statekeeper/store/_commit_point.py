@@ -119,7 +119,7 @@ class CommitPoint:
                 :meth:`statekeeper.store.StateStore.commit`).
             StorageError: the manifest write failed (it may have landed: a retry decides).
         """
-        manifest = self.manifest
+        manifest, newest = self.manifest, None
         while True:
             try:
                 decision = decide(
@@ -128,7 +128,9 @@ class CommitPoint:
                 )  # fmt: skip
             except CommitConflictError:
                 adopted = (
-                    None if columns is None else self._adopt(version, columns, parent, owner, order)
+                    None
+                    if columns is None
+                    else self._adopt(version, columns, parent, owner, order, newest)
                 )
                 if adopted is None:
                     raise
@@ -143,13 +145,19 @@ class CommitPoint:
             try:
                 write_manifest(self._blobs, new)
             except CommitConflictError:
-                manifest = self._newest()
+                manifest = newest = self._newest()
                 continue
             self.manifest = new
             return None
 
     def _adopt(
-        self, version: int, columns: Columns, parent: str, owner: str, order: Order
+        self,
+        version: int,
+        columns: Columns,
+        parent: str,
+        owner: str,
+        order: Order,
+        newest: StoreManifest | None = None,
     ) -> str | None:
         """The attempt whose identical content (``columns``, built on ``parent``) the newest
         manifest names as ``version``, now taken over by this attempt; ``None`` if there is
@@ -157,7 +165,8 @@ class CommitPoint:
 
         The known manifest may be stale: a newer attempt may have replaced the version
         since, and the commit would then be acknowledged for content that is no longer the
-        version. So the newest manifest decides. Adopting raises the store's fence to
+        version. So the newest manifest decides: ``newest`` if the caller has just read it,
+        else it is read here. Adopting raises the store's fence to
         ``order`` if it is lower (one more manifest), so that an older attempt (a zombie of
         the run this one replaces) cannot append to versions this run has taken over, which
         would leave them final to it; a lost race for that manifest decides again.
@@ -167,7 +176,8 @@ class CommitPoint:
         """
         with phases.phase("upload"):
             while True:
-                manifest = self._newest()
+                manifest = newest if newest is not None else self._newest()
+                newest = None
                 adopted = self._identical(manifest, version, columns, parent, owner)
                 if adopted is None:
                     return None
