@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 import statekeeper as sk
-from statekeeper import layout
+from statekeeper import clock, layout
 from statekeeper.epochs import build_manifest, write_manifest
 from statekeeper.snapshot import SnapshotIndex, referenced_blob_ids
 from statekeeper.storage import BlobStore, LocalBlobStore
@@ -277,6 +279,48 @@ def test_a_zero_orphan_ttl_never_sweeps_a_commit_being_named(tmp_path: Path) -> 
     with cold.open("op", 0) as store:
         assert store.version == 4
         assert store.get(b"late") == b"value"
+
+
+@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+def test_a_gc_host_whose_clock_runs_a_day_ahead_never_sweeps_a_commit_being_named(
+    where: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GC runs between a commit's changelog and its manifest on a host whose clock is a day
+    ahead of the blob store's: by that clock the unnamed changelog is old, by the store's
+    it is a second old. GC measures with the store's clock, so the changelog stays and the
+    version the manifest then names is restorable; orphans really older than the grace
+    still go."""
+    uri, options = request.getfixturevalue(f"{where}_root")
+    opened = sk.StateBackend(uri, config=_config(tmp_path, "setup"), storage_options=options)
+    _commit_many(opened, 3)
+    blobs = _HoldAfterChangelog(opened.blobs)
+    writer = sk.StateBackend(blobs, config=_config(tmp_path, "w"))
+    collector = sk.StateBackend(
+        uri, config=_config(tmp_path, "gc", orphan_ttl_s=3600), storage_options=options
+    )
+    monkeypatch.setattr(clock, "wall_clock", lambda: time.time() + 86_400)
+    with writer.open("op", 0) as store:
+        store.put(b"late", b"value")
+        committing = threading.Thread(target=store.commit)
+        committing.start()
+        assert blobs.written.wait(timeout=60)
+        report = collector.gc()
+        blobs.gate.set()
+        committing.join(timeout=60)
+    assert not any("/changelog/" in k for k in report.deleted_keys)
+    assert collector.blobs.list(layout.clock_prefix()) == []  # the probe was deleted
+    cold = sk.StateBackend(uri, config=_config(tmp_path, "cold"), storage_options=options)
+    with cold.open("op", 0) as store:
+        assert store.version == 4
+        assert store.get(b"late") == b"value"
+    # Ages are still measured, by the store's clock (this machine's for both roots here).
+    assert abs(clock.gc_now(collector.blobs) - time.time()) < 5
+    if where == "local":
+        orphan = layout.attempt_changelog_key("op", 0, 99, "orphan")
+        collector.blobs.put(orphan, b"x")
+        two_hours_ago = time.time() - 7200
+        os.utime(Path(uri) / orphan, (two_hours_ago, two_hours_ago))
+        assert orphan in collector.gc().deleted_keys
 
 
 def _epoch(backend: sk.StateBackend, query: str, epoch: int) -> None:

@@ -46,6 +46,9 @@ of the operators the root records as rescaled (``shared_from``) and keeps each b
 another store they name, whatever that store's own manifest says: once a parent's old
 snapshots are retired, those blobs may be named by nothing else.
 
+Ages are measured by the blob store's clock (:mod:`statekeeper.clock`): a GC host whose
+clock runs ahead must not take young blobs for old ones.
+
 An ``orphan_ttl_s`` below :data:`MIN_ORPHAN_TTL_S` is raised to it, with a warning: a blob is
 written before a manifest names it, and a grace shorter than that window would sweep a
 commit's changelog just before the commit lands (a committed version with no blob).
@@ -62,6 +65,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from statekeeper import layout
+from statekeeper.clock import gc_now, sweep_probes
 from statekeeper.config import StoreConfig
 from statekeeper.epochs import pinned_versions
 from statekeeper.errors import (
@@ -163,7 +167,9 @@ def collect_garbage(
         busy: stores with a snapshot upload in flight in this process: their unreferenced
             blobs are kept whatever their age.
         budget_s: stop visiting further stores after this many seconds.
-        now: the current time (seconds since the epoch), for tests.
+        now: the current time (seconds since the epoch), for tests; by default the earlier
+            of this host's clock and the blob store's (:func:`statekeeper.clock.gc_now`; a
+            dry run writes no probe and takes this host's).
         root_id: the root's id (manifests of another root are refused).
         shared_from: operators whose stores' snapshots may name other stores' blobs (the
             root's rescaled operators): those blobs are kept while such a snapshot is.
@@ -173,7 +179,7 @@ def collect_garbage(
             later run finishes the job).
     """
     started = time.monotonic()
-    now = time.time() if now is None else now
+    now = gc_now(blobs, probe=not dry_run) if now is None else now
     config = _clamped(config)
     report = GcReport(dry_run=dry_run)
     pins = pinned_versions(blobs)
@@ -199,6 +205,7 @@ def collect_garbage(
         # however small the orphan TTL, it gets at least an hour.
         older_than = max(config.orphan_ttl_s, _MIN_TEMP_AGE_S)
         report.incomplete_writes = blobs.sweep_incomplete(older_than, dry_run=dry_run)
+        report.deleted_keys.extend(sweep_probes(blobs, now, dry_run=dry_run))
         if not dry_run:
             report.deleted_keys.extend(_expire_epochs(blobs, config))
             report.deleted_keys.extend(sweep_reports(blobs))

@@ -13,6 +13,8 @@ __all__ = [
     "ROOT_METADATA",
     "changelog_key",
     "changelog_prefix",
+    "clock_prefix",
+    "clock_probe_key",
     "epoch_key",
     "epochs_prefix",
     "file_blob_key",
@@ -49,6 +51,7 @@ _INDEX_SUFFIX = ".index.json"
 _EPOCHS = "_epochs/"
 _REPORTS = "_reports/"
 _INITIAL = "_initial/"
+_CLOCK = "_clock/"
 _DIGITS = 20
 
 
@@ -357,3 +360,13 @@ def initial_state_key(operator: str, generation: int, partition: int, attempt: s
     """Key of one partition's staged initial rows (Arrow IPC), staged by run ``generation``."""
     head = f"{initial_state_prefix(operator)}{validate_version(generation):0{_DIGITS}d}/"
     return f"{head}{validate_partition(partition):06d}-{validate_attempt(attempt)}.arrow"
+
+
+def clock_prefix() -> str:
+    """Prefix of the probe blobs GC writes to read the blob store's clock."""
+    return _CLOCK
+
+
+def clock_probe_key(probe_id: str) -> str:
+    """Key of one clock probe (written, read back and deleted at once by GC)."""
+    return f"{_CLOCK}{validate_attempt(probe_id)}"

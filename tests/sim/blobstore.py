@@ -19,6 +19,7 @@ import builtins
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 
+from statekeeper import layout
 from statekeeper.errors import StateKeeperError
 from statekeeper.storage import BlobMeta, LocalBlobStore, RetryPolicy
 from statekeeper.storage._retry import call_with_retry, put_with_retry
@@ -120,7 +121,9 @@ class SimBlobStore:
         )
 
     def _aged(self, meta: BlobMeta) -> BlobMeta:
-        if not self._age_s:
+        # GC's clock probe is written now and read at once: it tells the store's "now", from
+        # which every other blob is ``age_s`` older.
+        if not self._age_s or meta.key.startswith(layout.clock_prefix()):
             return meta
         return dataclasses.replace(meta, last_modified=meta.last_modified - self._age_s)
 

@@ -13,6 +13,9 @@ Three sources of nondeterminism sit below the BlobStore, and each is pinned here
   RocksDB would have: compaction still happens, at a point the seed decides.
 * **Time.** GC compares blob ages with the wall clock: scenarios use an orphan TTL of 0 or
   1e9 s only; the local flush interval is 1e9 s (flushes happen at checkpoints and closes).
+  GC reads the blob store's clock from a probe blob, reused for a minute of wall time:
+  :func:`probe_every_gc` has every GC probe, so a seed makes the same blob calls however
+  fast it runs.
 
 The first two reach into private names of statekeeper (``store._rocks.options``,
 ``StateStore._copy._db`` and its ``wait``); if those change, :func:`deterministic_rocksdb`
@@ -28,9 +31,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import statekeeper as sk
+from statekeeper import clock
 from tests.sim.scheduler import DeterminismError, Sim
 
-__all__ = ["deterministic_rocksdb", "seeded_uuids", "settle"]
+__all__ = ["deterministic_rocksdb", "probe_every_gc", "seeded_uuids", "settle"]
 
 _L0_COMPACTION_TRIGGER = 4  # RocksDB's default level0_file_num_compaction_trigger
 _NEVER = 1 << 30
@@ -45,6 +49,17 @@ def seeded_uuids(sim: Sim) -> Iterator[None]:
         yield
     finally:
         uuid.uuid4 = original
+
+
+@contextlib.contextmanager
+def probe_every_gc() -> Iterator[None]:
+    """Every GC of a run writes its clock probe (none reuses an earlier one)."""
+    original = clock.PROBE_REUSE_S
+    clock.PROBE_REUSE_S = 0.0
+    try:
+        yield
+    finally:
+        clock.PROBE_REUSE_S = original
 
 
 @contextlib.contextmanager
