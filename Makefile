@@ -64,7 +64,7 @@ bench: $(STAMP) check-java
 
 # Deterministic simulation of the commit protocol (tests/sim): SEEDS seeds of every scenario
 # in one worker process per core, a summary table, and a one-line reproduction per failing
-# seed (make test runs 170 seeds of each, 2890 in all, in 2 workers). Options
+# seed (make test runs 170 seeds of each, 3060 in all, in 2 workers). Options
 # go in SOAK_ARGS, e.g. make soak SEEDS=200 SOAK_ARGS="--first 0 --jobs 2".
 # Then the randomized fault suites (tests/faults: SIGKILL, corruption of every blob kind, S3
 # through a failing proxy), FAULT_SEEDS trials each (a few seconds a trial); options in

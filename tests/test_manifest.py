@@ -20,14 +20,20 @@ from statekeeper.errors import (
 )
 from statekeeper.manifest import (
     PLAIN_ORDER,
+    RETIRED_KEPT,
     Order,
+    SnapshotEntry,
     StoreManifest,
     apply,
     chain,
     decide,
     decode_manifest,
     encode_manifest,
+    names_snapshot,
     read_newest_manifest,
+    retire,
+    with_base,
+    with_snapshot,
     write_manifest,
 )
 from statekeeper.storage import LocalBlobStore
@@ -153,6 +159,55 @@ def test_a_replaced_versions_snapshot_is_dropped() -> None:
     m = commit(m, 1, "t", (1, 0, 0, 1))
     assert m.snapshots == ()
     assert [e.version for e in chain(m, 2)] == [1, 2]
+
+
+def _snapshot_every_version(count: int) -> StoreManifest:
+    """Versions 1..count, each registered as a snapshot."""
+    m = empty()
+    for v in range(1, count + 1):
+        m = commit(m, v - 1, f"a{v}")
+        key = layout.attempt_snapshot_key("ops", 3, v, f"a{v}")
+        registered = with_snapshot(m, SnapshotEntry(v, f"a{v}", key))
+        assert registered is not None
+        m = registered
+    return m
+
+
+def test_a_manifest_names_at_most_the_most_recently_retired_snapshots() -> None:
+    """However many snapshots a base advance retires, a manifest names the newest
+    RETIRED_KEPT of them (and forgets those past their grace): its size does not grow with
+    the age of the store."""
+    m = _snapshot_every_version(3 * RETIRED_KEPT)
+    m = with_base(m, 2 * RETIRED_KEPT, now_ms=100, forget_before_ms=0)
+    retired = [layout.commit_blob_version(r.index_blob) for r in m.retired]
+    assert retired == list(range(RETIRED_KEPT, 2 * RETIRED_KEPT))
+    m = with_base(m, 2 * RETIRED_KEPT + 3, now_ms=200, forget_before_ms=150)
+    assert [layout.commit_blob_version(r.index_blob) for r in m.retired] == [32, 33, 34]
+    assert retire(m.retired, (), forget_before_ms=201) == ()
+    size = len(encode_manifest(with_base(m, 3 * RETIRED_KEPT, now_ms=300, forget_before_ms=0)))
+    many = _snapshot_every_version(10 * RETIRED_KEPT)
+    for base in range(RETIRED_KEPT, 10 * RETIRED_KEPT + 1, RETIRED_KEPT):
+        many = with_base(many, base, now_ms=300, forget_before_ms=0)
+    assert len(many.retired) == RETIRED_KEPT
+    assert len(encode_manifest(many)) <= size + 100
+
+
+def test_a_snapshot_that_reused_files_of_one_no_longer_named_is_not_registered() -> None:
+    """GC keeps the files of every snapshot a manifest names, registered or retired, and no
+    others: a snapshot built on the files of one the manifest no longer names may lack
+    them, so it is not registered."""
+    m = _snapshot_every_version(RETIRED_KEPT + 3)
+    first = layout.attempt_snapshot_key("ops", 3, 1, "a1")
+    m = commit(m, m.latest, "next")
+    entry = SnapshotEntry(m.latest, "next", layout.attempt_snapshot_key("ops", 3, m.latest, "x"))
+    assert with_snapshot(m, entry, reused=first) is not None  # registered
+    m = with_base(m, 2, now_ms=1, forget_before_ms=0)
+    assert names_snapshot(m, first)  # retired
+    assert with_snapshot(m, entry, reused=first) is not None
+    m = with_base(m, RETIRED_KEPT + 2, now_ms=2, forget_before_ms=0)
+    assert not names_snapshot(m, first)  # forgotten: beyond the RETIRED_KEPT newest
+    assert with_snapshot(m, entry, reused=first) is None
+    assert with_snapshot(m, entry) is not None  # a full upload reused nothing
 
 
 def test_chain_starts_at_the_newest_snapshot_at_or_below_the_version() -> None:

@@ -31,10 +31,13 @@ listing suggests (a listing is not atomic: commits and snapshots land between it
   its index and every file it names were checked to exist; a new manifest records it (if
   another writer wrote one first, the base stays for this run);
 * kept: every blob the authority names (changelogs, snapshot indexes and their files), the
-  files of snapshots it *retired* less than ``orphan_ttl_s`` ago (an upload that read an older
-  manifest may reuse them), and every blob younger than ``orphan_ttl_s`` (uploads in flight,
-  commits newer than the manifest read);
-* a manifest is deleted once its successor is older than ``orphan_ttl_s`` (a reader that
+  files of the snapshots it names as *retired* (an upload that read an older manifest may
+  reuse them; a manifest names at most the 16 most recent, retired less than
+  ``orphan_ttl_s`` ago, and a snapshot that reused files of one it no longer names is not
+  registered), and every blob younger than ``orphan_ttl_s`` (uploads in flight, commits
+  newer than the manifest read);
+* a manifest is deleted once its successor is older than ``orphan_ttl_s`` or
+  :data:`~statekeeper.manifest.MANIFEST_GRACE_S`, whichever is smaller (a reader that
   listed the manifests may still be reading it); the newest is never deleted;
 * everything else of the store (losing attempts, unregistered snapshots, format-1 blobs the
   authority no longer names) is deleted once older than ``orphan_ttl_s``.
@@ -77,6 +80,7 @@ from statekeeper.errors import (
 from statekeeper.history import StoreHistory
 from statekeeper.manifest import (
     LEGACY_ATTEMPT,
+    MANIFEST_GRACE_S,
     StoreManifest,
     read_newest_manifest,
     with_base,
@@ -338,7 +342,7 @@ def _plan_manifest_store(
     report.latest, report.base = manifest.latest, manifest.base
     report.oldest_retained = _oldest_retained(manifest, st)
     old = st.now - st.config.orphan_ttl_s
-    superseded = _superseded(st, metas, old)
+    superseded = _superseded(st, metas, st.now - min(st.config.orphan_ttl_s, MANIFEST_GRACE_S))
     doomed: list[BlobMeta] = []
     for m in metas:
         if (metrics_version := layout.parse_metrics_key(m.key)) is not None:
@@ -373,16 +377,21 @@ def _expired_version(key: str, base: int) -> bool:
 
 def _advance_base(st: _Store, manifest: StoreManifest, metas: list[BlobMeta]) -> StoreManifest:
     """The authority after moving the base up to the newest complete snapshot at or below
-    the oldest retained version (the manifest as it is if there is none, or if writers kept
-    winning the next sequence number)."""
+    the oldest retained version, and forgetting retired snapshots past their grace (the
+    manifest as it is if there is nothing to do, or if writers kept winning the next
+    sequence number)."""
     present = {m.key for m in metas}
     checked: set[str] = set()
+    now_ms = int(st.now * 1000)
+    forget = int((st.now - st.config.orphan_ttl_s) * 1000)
     for _ in range(_ADVANCE_TRIES):
         base = _new_base(st, manifest, present, checked)
         if base is None:
-            return manifest
-        now_ms = int(st.now * 1000)
-        forget = int((st.now - st.config.orphan_ttl_s) * 1000)
+            # Retired snapshots past their grace are forgotten even if the base stays: GC
+            # keeps the files of every retired snapshot the manifest names.
+            if all(r.time_ms >= forget for r in manifest.retired):
+                return manifest
+            base = manifest.base
         advanced = with_base(manifest, base, now_ms=now_ms, forget_before_ms=forget)
         if st.dry_run:
             return advanced
@@ -441,11 +450,13 @@ def _protected(st: _Store, manifest: StoreManifest) -> set[str]:
     """
     keys = {e.blob for e in manifest.versions}
     keys |= {s.index_blob for s in manifest.snapshots}
-    old_ms = (st.now - st.config.orphan_ttl_s) * 1000
     indexes = [(s.version, s.index_blob) for s in manifest.snapshots]
+    # Every retired snapshot the manifest still names, whatever its age: registering a
+    # snapshot that reused its files checks that the newest manifest names it (with_snapshot),
+    # so what a manifest no longer names no new snapshot can name.
     for retired in manifest.retired:
         found = layout.commit_blob_version(retired.index_blob)
-        if retired.time_ms >= old_ms and found is not None:
+        if found is not None:
             keys.add(retired.index_blob)
             indexes.append((found, retired.index_blob))
     for version, key in indexes:

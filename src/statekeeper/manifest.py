@@ -35,6 +35,15 @@ replaced (SlateDB's manifest fencing, with the store's blob store as the only co
   (replaced entries, attempts fenced after writing their blob) are named by no manifest
   and become orphans for GC after its grace period.
 
+* **Staying bounded.** A manifest names the retained versions, the registered snapshots
+  and at most :data:`RETIRED_KEPT` *retired* snapshots (no longer named, their files kept
+  by GC for an upload that started from one); GC deletes a manifest once its successor is
+  :data:`MANIFEST_GRACE_S` old (or ``orphan_ttl_s``, if smaller). So neither a manifest
+  nor their number grows with the age of a store. A snapshot is registered only if the
+  snapshot it reused files of is still named or retired (:func:`with_snapshot`), and a
+  writer whose known manifest is older than :data:`STALE_AFTER_S` reads the newest before
+  writing one: a deleted sequence number must never be written again.
+
 A manifest carries the root id, operator and partition it belongs to and a CRC32C of its
 canonical JSON; a reader refuses one that does not match (naming both), and falls back to
 the previous manifest when the newest is damaged.
@@ -45,7 +54,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -63,7 +72,10 @@ from statekeeper.storage import BlobStore
 __all__ = [
     "FORMAT_VERSION",
     "LEGACY_ATTEMPT",
+    "MANIFEST_GRACE_S",
     "PLAIN_ORDER",
+    "RETIRED_KEPT",
+    "STALE_AFTER_S",
     "Decision",
     "Order",
     "RetiredSnapshot",
@@ -76,14 +88,29 @@ __all__ = [
     "decode_manifest",
     "encode_manifest",
     "fenced",
+    "names_snapshot",
     "owns",
     "read_newest_manifest",
+    "retire",
     "with_base",
     "with_snapshot",
     "write_manifest",
 ]
 
 FORMAT_VERSION = 2
+RETIRED_KEPT = 16
+"""Retired snapshots a manifest names at most (the most recently retired): with one taken
+every few commits, a grace of days would otherwise name thousands, in every manifest."""
+MANIFEST_GRACE_S = 900.0
+"""GC deletes a manifest once its successor is this old (``orphan_ttl_s`` if smaller): a
+reader that listed the manifests has long read it, and no writer knows it as the newest
+(see :data:`STALE_AFTER_S`). Without the bound a store kept a manifest per commit for
+``orphan_ttl_s`` (7 days by default)."""
+STALE_AFTER_S = 60.0
+"""A writer whose newest known manifest was read or written longer ago than this reads the
+newest again before writing the next one. A writer that knew ``seq`` for longer than
+:data:`MANIFEST_GRACE_S` could otherwise write ``seq + 1`` after GC deleted it, under a
+newer manifest: acknowledged, and never read."""
 _FORMAT_NAME = "statekeeper.store-manifest"
 _log = logging.getLogger("statekeeper.manifest")
 
@@ -319,8 +346,9 @@ def apply(
     kept = tuple(e for e in manifest.versions if e.version < version)
     # A replaced version's snapshots describe the content that lost: drop them.
     snapshots = tuple(s for s in manifest.snapshots if s.version < version)
-    retired = manifest.retired + tuple(
-        RetiredSnapshot(s.index_blob, now_ms) for s in manifest.snapshots if s.version >= version
+    retired = retire(
+        manifest.retired,
+        (RetiredSnapshot(s.index_blob, now_ms) for s in manifest.snapshots if s.version >= version),
     )
     entry = VersionEntry(
         version=version,
@@ -541,10 +569,36 @@ def write_manifest(blobs: BlobStore, manifest: StoreManifest) -> str:
     return key
 
 
-def with_snapshot(manifest: StoreManifest, snapshot: SnapshotEntry) -> StoreManifest | None:
+def retire(
+    retired: Sequence[RetiredSnapshot],
+    new: Iterable[RetiredSnapshot],
+    *,
+    forget_before_ms: int | None = None,
+) -> tuple[RetiredSnapshot, ...]:
+    """``retired`` and then ``new``, without those retired before ``forget_before_ms`` and
+    without all but the :data:`RETIRED_KEPT` most recent."""
+    kept = [r for r in retired if forget_before_ms is None or r.time_ms >= forget_before_ms]
+    return tuple([*kept, *new][-RETIRED_KEPT:])
+
+
+def names_snapshot(manifest: StoreManifest, index_blob: str) -> bool:
+    """Whether ``manifest`` names the snapshot ``index_blob``, registered or retired: GC
+    then keeps its files."""
+    return any(s.index_blob == index_blob for s in manifest.snapshots) or any(
+        r.index_blob == index_blob for r in manifest.retired
+    )
+
+
+def with_snapshot(
+    manifest: StoreManifest, snapshot: SnapshotEntry, *, reused: str | None = None
+) -> StoreManifest | None:
     """The next manifest with ``snapshot`` registered; ``None`` if it must not be: the
     snapshot's version is not retained, its content is not that version's (another attempt
-    won it since), or a snapshot of that version is already registered."""
+    won it since), a snapshot of that version is already registered, or ``reused`` (the
+    index of the snapshot whose files it reuses) is named no more, so GC may have deleted
+    those files."""
+    if reused is not None and not names_snapshot(manifest, reused):
+        return None
     version = snapshot.version
     if version < manifest.base or version > manifest.latest:
         return None
@@ -574,8 +628,10 @@ def with_base(
         raise ValueError(f"version {base} has no registered snapshot to be a base")
     if not manifest.base <= base <= manifest.latest:
         raise ValueError(f"base {base} is outside {manifest.base}..{manifest.latest}")
-    retired = tuple(r for r in manifest.retired if r.time_ms >= forget_before_ms) + tuple(
-        RetiredSnapshot(s.index_blob, now_ms) for s in manifest.snapshots if s.version < base
+    retired = retire(
+        manifest.retired,
+        (RetiredSnapshot(s.index_blob, now_ms) for s in manifest.snapshots if s.version < base),
+        forget_before_ms=forget_before_ms,
     )
     return replace(
         manifest,

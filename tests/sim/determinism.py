@@ -15,7 +15,8 @@ Three sources of nondeterminism sit below the BlobStore, and each is pinned here
   1e9 s only; the local flush interval is 1e9 s (flushes happen at checkpoints and closes).
   GC reads the blob store's clock from a probe blob, reused for a minute of wall time:
   :func:`probe_every_gc` has every GC probe, so a seed makes the same blob calls however
-  fast it runs.
+  fast it runs. A writer re-reads a manifest it has known for a minute: never, or always
+  (:func:`manifests_stale_after`).
 
 The first two reach into private names of statekeeper (``store._rocks.options``,
 ``StateStore._copy._db`` and its ``wait``); if those change, :func:`deterministic_rocksdb`
@@ -34,7 +35,13 @@ import statekeeper as sk
 from statekeeper import clock
 from tests.sim.scheduler import DeterminismError, Sim
 
-__all__ = ["deterministic_rocksdb", "probe_every_gc", "seeded_uuids", "settle"]
+__all__ = [
+    "deterministic_rocksdb",
+    "manifests_stale_after",
+    "probe_every_gc",
+    "seeded_uuids",
+    "settle",
+]
 
 _L0_COMPACTION_TRIGGER = 4  # RocksDB's default level0_file_num_compaction_trigger
 _NEVER = 1 << 30
@@ -60,6 +67,21 @@ def probe_every_gc() -> Iterator[None]:
         yield
     finally:
         clock.PROBE_REUSE_S = original
+
+
+@contextlib.contextmanager
+def manifests_stale_after(seconds: float) -> Iterator[None]:
+    """A writer re-reads the newest manifest before writing one if it knew its own for
+    longer than ``seconds`` (``STALE_AFTER_S``): 0 where every blob reads as old (a run's
+    steps are then far apart), infinity elsewhere, so the wall clock never decides."""
+    from statekeeper.store import _commit_point
+
+    original = _commit_point.STALE_AFTER_S
+    _commit_point.STALE_AFTER_S = seconds
+    try:
+        yield
+    finally:
+        _commit_point.STALE_AFTER_S = original
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sys
@@ -14,7 +15,12 @@ import statekeeper as sk
 from statekeeper.storage import LocalBlobStore
 from tests.sim.actors import OP, PARTITION, World, read_all, store_config
 from tests.sim.blobstore import open_inner
-from tests.sim.determinism import deterministic_rocksdb, probe_every_gc, seeded_uuids
+from tests.sim.determinism import (
+    deterministic_rocksdb,
+    manifests_stale_after,
+    probe_every_gc,
+    seeded_uuids,
+)
 from tests.sim.model import InvariantViolation, Model
 from tests.sim.roles import ROLES
 from tests.sim.scenarios import ActorSpec, Scenario
@@ -87,7 +93,13 @@ def _run(scenario: Scenario, seed: int, tmp: Path, result: RunResult) -> None:
     root = str(tmp / "root")
     sim = Sim(seed, scenario.faults)
     model = Model(retain=scenario.retain, gc=scenario.has_gc, keep_empty=scenario.keep_empty)
-    with seeded_uuids(sim), deterministic_rocksdb(), probe_every_gc():
+    stale_after = 0.0 if scenario.blob_age_s else math.inf
+    with (
+        seeded_uuids(sim),
+        deterministic_rocksdb(),
+        probe_every_gc(),
+        manifests_stale_after(stale_after),
+    ):
         # The checker's own view: not a yield point, and one I/O thread (no pool to start).
         raw = LocalBlobStore(root, io_threads=1)
         checker = sk.StateBackend(raw, config=store_config(scenario, tmp / "checker", "changelog"))

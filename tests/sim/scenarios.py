@@ -249,6 +249,16 @@ SCENARIOS = _scenarios(
         zombies=True,
         queries=("a", "a", "b"),
     ),
+    replace(
+        _RERUN_NEWER,
+        name="zombies_after_manifest_gc",
+        doc="rerun_newer_attempt with a gc host, every blob read as 1000 s old: past the "
+        "manifests' grace (GC deletes superseded manifests) but not the orphans' (1e9 s), so "
+        "a zombie's known manifest is followed by deleted sequence numbers",
+        actors=(ActorSpec("writer", steps=10), ActorSpec("gc", steps=5), _READER),
+        blob_age_s=1000.0,
+        writer_snapshots=0.25,
+    ),
 )
 
 

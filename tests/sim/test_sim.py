@@ -1,13 +1,14 @@
 """The simulation in ``make test``: every scenario today's code passes, over a fixed range of
 seeds, in worker processes (:mod:`tests.sim.parallel`).
 
-``SIM_SEEDS`` (environment) sets the seeds per scenario (170: 2890 seeds in all),
+``SIM_SEEDS`` (environment) sets the seeds per scenario (170: 3060 seeds in all),
 ``SIM_JOBS`` the worker processes (default 2, or 1 on one core: then the seeds run in the
 pytest process); ``make soak SEEDS=N`` runs more.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -19,6 +20,7 @@ import statekeeper.manifest
 import statekeeper.store._commit_point
 from statekeeper.manifest import fenced, write_manifest
 from statekeeper.store._commit_point import CommitPoint
+from tests.sim import runner
 from tests.sim.model import InvariantViolation
 from tests.sim.parallel import CHUNK, Batch, SeedPool, trace_digest
 from tests.sim.runner import SimFailure, run_seed
@@ -176,6 +178,24 @@ def test_a_store_that_adopts_from_a_stale_manifest_is_caught(
     monkeypatch.setattr(CommitPoint, "_adopt", adopt_from_the_known_manifest)
     failures = _failures("one_query_runs_twice", _STALE_ADOPTION_SEEDS)
     assert len(failures) == len(_STALE_ADOPTION_SEEDS)
+    assert all(isinstance(f, InvariantViolation) for f in failures), failures
+
+
+_HOLE_SEEDS = (1190000042, 1190000272)
+"""Seeds of zombies_after_manifest_gc that fail when a writer trusts a manifest it has known
+for longer than the manifests' grace."""
+
+
+def test_a_writer_that_trusts_an_old_manifest_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A zombie that knew manifest ``seq`` since before GC deleted ``seq + 1`` wrote
+    ``seq + 1`` again: acknowledged under a newer manifest, against the fence it never saw.
+    A writer re-reads a manifest older than STALE_AFTER_S (the scenario's blobs are all
+    1000 s old: every known manifest is); trusting it instead, these seeds fail."""
+    assert _failures("zombies_after_manifest_gc", _HOLE_SEEDS) == []
+    trusting = runner.manifests_stale_after
+    monkeypatch.setattr(runner, "manifests_stale_after", lambda _: trusting(math.inf))
+    failures = _failures("zombies_after_manifest_gc", _HOLE_SEEDS)
+    assert len(failures) == len(_HOLE_SEEDS)
     assert all(isinstance(f, InvariantViolation) for f in failures), failures
 
 

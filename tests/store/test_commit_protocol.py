@@ -13,8 +13,11 @@ import rocksdict
 
 import statekeeper as sk
 from statekeeper import layout
+from statekeeper.gc import collect_garbage
+from statekeeper.manifest import MANIFEST_GRACE_S
 from statekeeper.snapshot import load_index, referenced_blob_ids
 from statekeeper.storage import BlobMeta, BlobStore, LocalBlobStore
+from statekeeper.store import _commit_point
 from tests.blobstores import RecordingBlobStore, store_history
 
 
@@ -344,3 +347,43 @@ def test_an_identical_re_run_adopts_only_what_the_newest_manifest_holds(tmp_path
     stale.close()
     with _backend(tmp_path, "reader").open("op", 0) as store:
         assert (store.version, store.get(b"k")) == (1, b"D")
+
+
+@pytest.mark.parametrize("stale", [True, False])
+def test_a_writer_never_writes_a_manifest_gc_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stale: bool
+) -> None:
+    """A store left open on version 1 while another writer commits versions 2..6, and GC
+    deletes the superseded manifests (their successors are past MANIFEST_GRACE_S): the
+    sequence number after the one the stale store knows is free again. A commit that wrote
+    it would be acknowledged under a newer manifest, and never read. A store whose manifest
+    is older than STALE_AFTER_S (all of them, here) reads the newest first, and is refused;
+    one that knows the newest commits as before."""
+    monkeypatch.setattr(_commit_point, "STALE_AFTER_S", 0.0)
+    writer = _backend(tmp_path, "w", orphan_ttl_s=7 * 86400)
+    with writer.open("op", 0) as store:
+        _commit(store, {b"k": b"v1"}, (0, 0, 0, 0))
+    left_open = _backend(tmp_path, "stale").open("op", 0)
+    if stale:
+        with writer.open("op", 0) as store:
+            for v in range(2, 7):
+                _commit(store, {b"k": b"v%d" % v}, (0, 0, 0, 0))
+        later = time.time() + MANIFEST_GRACE_S + 1
+        meta = writer.root_metadata()
+        assert meta is not None
+        report = collect_garbage(
+            writer.blobs, writer.config, ["op"], now=later, root_id=meta.root_id
+        )
+        deleted = [k for k in report.deleted_keys if layout.parse_manifest_key(k)]
+        assert len(deleted) == 5  # every manifest but the newest (orphan_ttl_s is a week)
+        assert not any("/changelog/" in k for k in report.deleted_keys)
+    left_open.put(b"k", b"from the stale store")
+    if stale:
+        with pytest.raises(sk.CommitConflictError):
+            left_open.commit()
+    else:
+        assert left_open.commit().version == 2
+    left_open.close()
+    with _backend(tmp_path, "reader").open("op", 0) as store:
+        expected = (6, b"v6") if stale else (2, b"from the stale store")
+        assert (store.version, store.get(b"k")) == expected

@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -161,6 +162,7 @@ class StateBackend:
                 f"partition {partition} is out of range: operator {name!r} has {count} "
                 f"partitions (0..{count - 1}) in this checkpoint root"
             )
+        read_at = time.monotonic()  # a restore may take minutes: the manifest is older
         history = StoreHistory.load(self._blobs, name, partition, root_id=meta.root_id)
         wanted = history.latest() if version is None else version
         copy, info = restore_copy(
@@ -184,6 +186,7 @@ class StateBackend:
             restore_info=info,
             snapshotter=self._snapshotter,
             manifest=history.as_manifest(meta.root_id),
+            manifest_read_at=read_at,
             before_commit=None if meta.format_version >= FORMAT_VERSION else self._registry.upgrade,
             rebuild=lambda at: self._rebuild_copy(name, partition, at, meta.root_id),
         )

@@ -13,6 +13,7 @@ belongs to another owner.
 from __future__ import annotations
 
 import logging
+import time
 
 from statekeeper import phases
 from statekeeper.changelog import Columns
@@ -20,12 +21,14 @@ from statekeeper.config import StoreConfig
 from statekeeper.errors import CommitConflictError, StateKeeperError
 from statekeeper.manifest import (
     PLAIN_ORDER,
+    STALE_AFTER_S,
     Kind,
     Order,
     StoreManifest,
     apply,
     decide,
     fenced,
+    names_snapshot,
     owns,
     read_newest_manifest,
     write_manifest,
@@ -53,7 +56,10 @@ class CommitPoint:
         operator: str,
         partition: int,
         manifest: StoreManifest,
+        read_at: float | None = None,
     ) -> None:
+        """``manifest``: the newest when it was read (``read_at``, ``time.monotonic()``;
+        by default now)."""
         self._blobs = blobs
         self._config = config
         self._root_id = root_id
@@ -61,6 +67,11 @@ class CommitPoint:
         self._partition = partition
         self.manifest = manifest
         """The newest manifest known: read at open, or written or read since."""
+        self._known_at = time.monotonic() if read_at is None else read_at
+
+    def _know(self, manifest: StoreManifest) -> None:
+        """``manifest`` was just read or written: the newest known."""
+        self.manifest, self._known_at = manifest, time.monotonic()
 
     def refuse_early(
         self, version: int, attempt: str, order: Order, columns: Columns, parent: str, owner: str
@@ -106,9 +117,16 @@ class CommitPoint:
         columns: Columns | None,
         parent: str,
         owner: str,
+        *,
+        reused: str | None = None,
     ) -> str | None:
         """Write the manifest naming ``attempt`` of ``owner`` as ``version``, built on
         ``parent``'s content of ``version - 1``: the commit point.
+
+        A snapshot whose upload reused the file blobs of the snapshot ``reused`` is refused
+        if the newest manifest names that snapshot no more (GC may have deleted the files).
+        A manifest known for longer than :data:`~statekeeper.manifest.STALE_AFTER_S` is
+        read again first: GC may have deleted the manifests after it.
 
         Returns ``None``, or the attempt adopted when another attempt of the same owner
         committed ``version`` first with identical content (``columns``; ``None``: nothing
@@ -120,7 +138,16 @@ class CommitPoint:
             StorageError: the manifest write failed (it may have landed: a retry decides).
         """
         manifest, newest = self.manifest, None
+        if time.monotonic() - self._known_at > STALE_AFTER_S:
+            manifest = newest = self._newest(none_yet=manifest.seq == 0)
         while True:
+            if reused is not None and not names_snapshot(manifest, reused):
+                raise CommitConflictError(
+                    f"the snapshot of version {version} of {self._operator}/{self._partition} "
+                    f"reused files of snapshot {reused}, which the store no longer names: "
+                    "garbage collection may delete them. Nothing was committed; a retry "
+                    "uploads them again"
+                )
             try:
                 decision = decide(
                     manifest, parent=version - 1, attempt=attempt, order=order,
@@ -136,7 +163,7 @@ class CommitPoint:
                     raise
                 return adopted
             if decision.action == "done":
-                self.manifest = manifest
+                self._know(manifest)
                 return None
             new = apply(
                 manifest, decision, attempt=attempt, order=order, kind=kind, blob=blob,
@@ -147,7 +174,7 @@ class CommitPoint:
             except CommitConflictError:
                 manifest = newest = self._newest()
                 continue
-            self.manifest = new
+            self._know(new)
             return None
 
     def _adopt(
@@ -187,13 +214,17 @@ class CommitPoint:
                         write_manifest(self._blobs, manifest)
                     except CommitConflictError:
                         continue
-                self.manifest = manifest
+                self._know(manifest)
                 return adopted
 
-    def _newest(self) -> StoreManifest:
+    def _newest(self, *, none_yet: bool = False) -> StoreManifest:
+        """The newest manifest; with ``none_yet`` (the known one is the empty store's, from
+        before the first commit), the known one if there is none."""
         found = read_newest_manifest(
             self._blobs, root_id=self._root_id, operator=self._operator, partition=self._partition
         )
+        if found is None and none_yet:
+            return self.manifest
         if found is None:
             raise StateKeeperError(
                 f"the manifests of store {self._operator}/{self._partition} disappeared"

@@ -13,8 +13,8 @@ commit point; should it die in between, every :class:`StateBackend` that opens t
 finishes the job before it reads a store.
 
 A new store's manifest starts at the rescale's version: ``base`` is that version, whose only
-snapshot is the rescale's; its earlier snapshots are retired (GC keeps their files for
-``orphan_ttl_s``, and whatever a new store's snapshot names for as long as it is retained).
+snapshot is the rescale's; its earlier snapshots are retired (GC keeps their files while the
+manifest names them, and whatever a new store's snapshot names for as long as it is retained).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from statekeeper.manifest import (
     SnapshotEntry,
     StoreManifest,
     read_newest_manifest,
+    retire,
     write_manifest,
 )
 from statekeeper.snapshot import (
@@ -84,8 +85,8 @@ def rescaled_manifest(
             seq=1, root_id=root_id, operator=operator, partition=partition, fence=fence,
             base=rescale.version, snapshots=(snapshot,),
         )  # fmt: skip
-    retired = newest.retired + tuple(
-        RetiredSnapshot(s.index_blob, now_ms) for s in newest.snapshots
+    retired = retire(
+        newest.retired, (RetiredSnapshot(s.index_blob, now_ms) for s in newest.snapshots)
     )
     return dataclasses.replace(
         newest,

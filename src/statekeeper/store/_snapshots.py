@@ -90,6 +90,9 @@ class SnapshotJob:
         self.register = register
         self.index_key = ""
         """Where the index was (or will be) written; set by the upload."""
+        self.reused: str | None = None
+        """The index of the snapshot whose file blobs the upload reused, if it reused any;
+        set by the upload."""
         self._lock = threading.Lock()
         self._taken = False
         self._checkpoint: tuple[Path, int, str] | None = None
@@ -258,14 +261,20 @@ class Snapshotter:
 
     def _register(self, job: SnapshotJob, entry: SnapshotEntry) -> None:
         """Name the uploaded snapshot in a new manifest, if its content is still that
-        version's (a re-run may have replaced it meanwhile: the index is then an orphan)."""
+        version's (a re-run may have replaced it meanwhile: the index is then an orphan) and
+        the snapshot it reused files of is still named (else GC may have deleted them).
+
+        The manifest read before the upload may be long stale: the newest is read again."""
+        job.manifest = self._newest(job)
         for _ in range(_REGISTER_TRIES):
-            manifest = with_snapshot(job.manifest, entry)
+            manifest = with_snapshot(job.manifest, entry, reused=job.reused)
             if manifest is None:
                 _log.info(
                     "snapshot %s not registered: version %s of %s/%s is no longer attempt %s "
-                    "(or not retained, or registered already)",
+                    "(or not retained, or registered already), or the snapshot %s it reused "
+                    "files of is no longer named",
                     entry.index_blob, entry.version, job.operator, job.partition, entry.attempt,
+                    job.reused,
                 )  # fmt: skip
                 return
             try:
@@ -302,6 +311,7 @@ class Snapshotter:
             attempt=attempt or None,
         )
         job.copy.set_lineage(index.checkpoint_id, version)
+        job.reused = previous_key if metrics.files_reused else None
         return metrics if unusable is None else replace(metrics, full_upload_reason=unusable)
 
     def _previous(

@@ -122,6 +122,7 @@ class StateStore:
         restore_info: RestoreInfo,
         snapshotter: Snapshotter,
         manifest: StoreManifest,
+        manifest_read_at: float | None = None,
         before_commit: Callable[[], object] | None = None,
         rebuild: Callable[[int], WorkingCopy] | None = None,
     ) -> None:
@@ -137,7 +138,7 @@ class StateStore:
         self._snapshotter = snapshotter
         self._point = CommitPoint(
             blobs, config, root_id=root_id, operator=operator, partition=partition,
-            manifest=manifest,
+            manifest=manifest, read_at=manifest_read_at,
         )  # fmt: skip
         self._last_snapshot = max([manifest.base, *(s.version for s in manifest.snapshots)])
         self._attempt: str | None = None
@@ -569,8 +570,9 @@ class StateStore:
             if metrics is None:
                 raise StateKeeperError(f"could not snapshot {self!r}: the copy was closed")
             self._point.publish(
-                new_version, attempt, order, "snapshot", job.index_key, None, parent, owner
-            )
+                new_version, attempt, order, "snapshot", job.index_key, None, parent, owner,
+                reused=job.reused,
+            )  # fmt: skip
         except BaseException:
             self._state = _State.FAILED  # the local copy holds an uncommitted version
             raise
