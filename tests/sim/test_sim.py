@@ -181,7 +181,7 @@ def test_a_store_that_adopts_from_a_stale_manifest_is_caught(
     assert all(isinstance(f, InvariantViolation) for f in failures), failures
 
 
-_HOLE_SEEDS = (1190000042, 1190000272)
+_HOLE_SEEDS = (1190000042, 1190000353, 1190000373)
 """Seeds of zombies_after_manifest_gc that fail when a writer trusts a manifest it has known
 for longer than the manifests' grace."""
 

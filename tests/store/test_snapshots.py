@@ -342,3 +342,28 @@ def test_a_corrupt_previous_index_means_a_full_upload_not_a_stuck_store(tmp_path
     with cold.open("op", 0) as store:
         assert (store.restore_info.base_kind, store.restore_info.base) == ("snapshot", 4)
         assert store.version == 6
+
+
+def test_a_store_and_its_background_snapshots_never_race_for_a_manifest(
+    tmp_path: Path,
+) -> None:
+    """A store committing in a tight loop while its snapshots upload in the background:
+    each registration and each commit writes the next manifest on the one the other just
+    wrote (they take turns in-process), so no manifest write is ever refused and no commit
+    has to list the manifests again. Racing through the blob store instead, a registration
+    lost to a commit every few milliseconds until it gave up, and the snapshots (and with
+    them GC's base) stopped."""
+    blobs = RecordingBlobStore(LocalBlobStore(str(tmp_path / "root")))
+    backend = sk.StateBackend(blobs, config=_config(tmp_path, "w", snapshot_every=2))
+    with backend.open("op", 0) as store:
+        for v in range(1, 61):
+            store.put(b"k%d" % (v % 7), b"v%d" % v)
+            store.commit()
+    backend.wait_for_snapshots()
+    prefix = layout.manifest_prefix("op", 0)
+    written = [key for op, key in blobs.calls if op == "put" and key.startswith(prefix)]
+    assert len(written) == len(set(written))  # no create-only manifest write was refused
+    assert len(written) == len(blobs.list(prefix))
+    registered = store_history(backend, "op", 0).snapshots
+    assert len(registered) >= 10
+    backend.close()

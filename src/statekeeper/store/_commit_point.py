@@ -13,6 +13,7 @@ belongs to another owner.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from statekeeper import phases
@@ -24,6 +25,7 @@ from statekeeper.manifest import (
     STALE_AFTER_S,
     Kind,
     Order,
+    SnapshotEntry,
     StoreManifest,
     apply,
     decide,
@@ -31,6 +33,7 @@ from statekeeper.manifest import (
     names_snapshot,
     owns,
     read_newest_manifest,
+    with_snapshot,
     write_manifest,
 )
 from statekeeper.storage import BlobStore
@@ -39,12 +42,16 @@ from statekeeper.store._changelogs import changelog_parts, prefix_length
 __all__ = ["CommitPoint", "check_order", "check_owner"]
 
 _log = logging.getLogger("statekeeper.store")
+_REGISTER_TRIES = 20
 
 
 class CommitPoint:
     """The manifests of one (operator, partition) as its writer sees them.
 
-    Not thread-safe: it belongs to one :class:`~statekeeper.store.StateStore`.
+    It belongs to one :class:`~statekeeper.store.StateStore`: its commits, and the
+    registration of its background snapshots, which take turns (a lock) and share the
+    manifest each writes, instead of racing each other through the blob store (a commit
+    every few milliseconds kept a registration losing until it gave up).
     """
 
     def __init__(
@@ -68,6 +75,46 @@ class CommitPoint:
         self.manifest = manifest
         """The newest manifest known: read at open, or written or read since."""
         self._known_at = time.monotonic() if read_at is None else read_at
+        self._lock = threading.RLock()
+
+    def refresh(self) -> StoreManifest:
+        """Read the newest manifest, which becomes the one known, and return it.
+
+        Raises:
+            StorageError: the read failed.
+        """
+        with self._lock:
+            self._know(self._newest(none_yet=self.manifest.seq == 0))
+            return self.manifest
+
+    def register_snapshot(self, snapshot: SnapshotEntry, *, reused: str | None) -> bool:
+        """Name ``snapshot`` in a new manifest, unless the newest refuses it (see
+        :func:`~statekeeper.manifest.with_snapshot`); returns whether it was named.
+
+        Raises:
+            StateKeeperError: other writers won the next manifest too many times in a row.
+            StorageError: reading or writing a manifest failed.
+        """
+        with self._lock:
+            manifest = self.manifest
+            if time.monotonic() - self._known_at > STALE_AFTER_S:
+                manifest = self._newest(none_yet=manifest.seq == 0)
+            for _ in range(_REGISTER_TRIES):
+                new = with_snapshot(manifest, snapshot, reused=reused)
+                if new is None:
+                    self._know(manifest)
+                    return False
+                try:
+                    write_manifest(self._blobs, new)
+                except CommitConflictError:
+                    manifest = self._newest()  # another process wrote one
+                    continue
+                self._know(new)
+                return True
+        raise StateKeeperError(
+            f"snapshot {snapshot.index_blob} not registered: the manifest of "
+            f"{self._operator}/{self._partition} changed {_REGISTER_TRIES} times in a row"
+        )
 
     def _know(self, manifest: StoreManifest) -> None:
         """``manifest`` was just read or written: the newest known."""
@@ -88,7 +135,8 @@ class CommitPoint:
         try:
             self.check(version, attempt, order, parent, owner)
         except CommitConflictError:
-            adopted = self._adopt(version, columns, parent, owner, order)
+            with self._lock:
+                adopted = self._adopt(version, columns, parent, owner, order)
             if adopted is None:
                 raise
             return adopted
@@ -137,6 +185,23 @@ class CommitPoint:
                 :meth:`statekeeper.store.StateStore.commit`).
             StorageError: the manifest write failed (it may have landed: a retry decides).
         """
+        with self._lock:
+            return self._publish(
+                version, attempt, order, kind, blob, columns, parent, owner, reused
+            )
+
+    def _publish(
+        self,
+        version: int,
+        attempt: str,
+        order: Order,
+        kind: Kind,
+        blob: str,
+        columns: Columns | None,
+        parent: str,
+        owner: str,
+        reused: str | None,
+    ) -> str | None:
         manifest, newest = self.manifest, None
         if time.monotonic() - self._known_at > STALE_AFTER_S:
             manifest = newest = self._newest(none_yet=manifest.seq == 0)

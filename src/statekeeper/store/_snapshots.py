@@ -22,7 +22,6 @@ from pathlib import Path
 from statekeeper import layout, phases
 from statekeeper.config import StoreConfig
 from statekeeper.errors import (
-    CommitConflictError,
     CorruptStateError,
     StateKeeperError,
     StateNotFoundError,
@@ -30,14 +29,11 @@ from statekeeper.errors import (
 from statekeeper.manifest import (
     LEGACY_ATTEMPT,
     SnapshotEntry,
-    StoreManifest,
-    read_newest_manifest,
-    with_snapshot,
-    write_manifest,
 )
 from statekeeper.metrics import CommitMetrics, write_commit_metrics
 from statekeeper.snapshot import SnapshotIndex, SnapshotMetrics, load_index, upload_snapshot
 from statekeeper.storage import BlobStore, thread_pool
+from statekeeper.store._commit_point import CommitPoint
 from statekeeper.store._working_copy import WorkingCopy
 
 __all__ = [
@@ -49,7 +45,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger("statekeeper.store")
-_REGISTER_TRIES = 20
 
 # Checkpoint folders whose upload is running in this process.
 _active: set[Path] = set()
@@ -66,8 +61,9 @@ class SnapshotJob:
         copy: the working copy.
         operator, partition: its store.
         root_id: the root's id (manifests are checked against it).
-        manifest: the store's manifest as the caller knows it (the previous snapshot is
-            taken from it; a background job reads the newest one instead).
+        point: the store's commit point: the previous snapshot is taken from the manifest
+            it knows (a background job reads the newest one first), and the snapshot is
+            registered through it.
         register: whether the job registers the snapshot in a new manifest (a background
             snapshot); a snapshot-mode commit publishes its own entry instead.
     """
@@ -79,14 +75,15 @@ class SnapshotJob:
         partition: int,
         *,
         root_id: str,
-        manifest: StoreManifest,
+        point: CommitPoint,
         register: bool = True,
     ) -> None:
         self.copy = copy
         self.operator = operator
         self.partition = partition
         self.root_id = root_id
-        self.manifest = manifest
+        self.point = point
+        self.manifest = point.manifest
         self.register = register
         self.index_key = ""
         """Where the index was (or will be) written; set by the upload."""
@@ -240,7 +237,7 @@ class Snapshotter:
             self._uploading[key] = self._uploading.get(key, 0) + 1
         try:
             if job.register:
-                job.manifest = self._newest(job)
+                job.manifest = job.point.refresh()
                 if any(s.version == version for s in job.manifest.snapshots):
                     _log.info("snapshot %s/%s@%s exists already", *key, version)
                     return None
@@ -253,41 +250,18 @@ class Snapshotter:
                 self._uploading[key] -= 1
             release_checkpoint(path)
 
-    def _newest(self, job: SnapshotJob) -> StoreManifest:
-        found = read_newest_manifest(
-            self._blobs, root_id=job.root_id, operator=job.operator, partition=job.partition
-        )
-        return job.manifest if found is None else found
-
     def _register(self, job: SnapshotJob, entry: SnapshotEntry) -> None:
         """Name the uploaded snapshot in a new manifest, if its content is still that
         version's (a re-run may have replaced it meanwhile: the index is then an orphan) and
-        the snapshot it reused files of is still named (else GC may have deleted them).
-
-        The manifest read before the upload may be long stale: the newest is read again."""
-        job.manifest = self._newest(job)
-        for _ in range(_REGISTER_TRIES):
-            manifest = with_snapshot(job.manifest, entry, reused=job.reused)
-            if manifest is None:
-                _log.info(
-                    "snapshot %s not registered: version %s of %s/%s is no longer attempt %s "
-                    "(or not retained, or registered already), or the snapshot %s it reused "
-                    "files of is no longer named",
-                    entry.index_blob, entry.version, job.operator, job.partition, entry.attempt,
-                    job.reused,
-                )  # fmt: skip
-                return
-            try:
-                write_manifest(self._blobs, manifest)
-            except CommitConflictError:
-                job.manifest = self._newest(job)  # a commit or another snapshot won the seq
-                continue
-            job.manifest = manifest
-            return
-        raise StateKeeperError(
-            f"snapshot {entry.index_blob} not registered: the manifest of "
-            f"{job.operator}/{job.partition} changed {_REGISTER_TRIES} times in a row"
-        )
+        the snapshot it reused files of is still named (else GC may have deleted them)."""
+        if not job.point.register_snapshot(entry, reused=job.reused):
+            _log.info(
+                "snapshot %s not registered: version %s of %s/%s is no longer attempt %s "
+                "(or not retained, or registered already), or the snapshot %s it reused "
+                "files of is no longer named",
+                entry.index_blob, entry.version, job.operator, job.partition, entry.attempt,
+                job.reused,
+            )  # fmt: skip
 
     def _upload(self, job: SnapshotJob, path: Path, version: int, attempt: str) -> SnapshotMetrics:
         previous, previous_key, trust, unusable = self._previous(job, version)

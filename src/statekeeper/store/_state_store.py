@@ -564,7 +564,7 @@ class StateStore:
             self._apply_dirty(columns, new_version, attempt)
             job = SnapshotJob(
                 self._copy, self._operator, self._partition, root_id=self._root_id,
-                manifest=self._point.manifest, register=False,
+                point=self._point, register=False,
             )  # fmt: skip
             metrics = self._snapshotter.run(job)
             if metrics is None:
@@ -641,7 +641,7 @@ class StateStore:
             return False
         job = SnapshotJob(
             self._copy, self._operator, self._partition, root_id=self._root_id,
-            manifest=self._point.manifest,
+            point=self._point,
         )  # fmt: skip
         future = self._snapshotter.schedule(job)
         if future is None:
@@ -662,7 +662,7 @@ class StateStore:
         self._settle()
         job = SnapshotJob(
             self._copy, self._operator, self._partition, root_id=self._root_id,
-            manifest=self._point.manifest,
+            point=self._point,
         )  # fmt: skip
         metrics = self._snapshotter.run(job)
         self._last_snapshot = self._version
