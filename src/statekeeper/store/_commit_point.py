@@ -78,13 +78,16 @@ class CommitPoint:
         self._lock = threading.RLock()
 
     def refresh(self) -> StoreManifest:
-        """Read the newest manifest, which becomes the one known, and return it.
+        """Read the newest manifest and return the newest known after it (a commit may have
+        written a newer one meanwhile: the read does not hold up commits).
 
         Raises:
             StorageError: the read failed.
         """
+        found = self._newest(none_yet=self.manifest.seq == 0)
         with self._lock:
-            self._know(self._newest(none_yet=self.manifest.seq == 0))
+            if found.seq >= self.manifest.seq:
+                self._know(found)
             return self.manifest
 
     def register_snapshot(self, snapshot: SnapshotEntry, *, reused: str | None) -> bool:
