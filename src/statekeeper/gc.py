@@ -64,7 +64,7 @@ import itertools
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from statekeeper import layout
@@ -105,6 +105,8 @@ MIN_ORPHAN_TTL_S = 300.0
 in a manifest, a commit takes a PUT or two and a snapshot its whole upload; a blob swept in
 that window would be named once deleted. A smaller ``orphan_ttl_s`` is raised to this."""
 _ADVANCE_TRIES = 5
+ManifestUpdate = Callable[[Callable[[StoreManifest], StoreManifest | None]], StoreManifest]
+"""Writes ``change(newest)`` as a store's next manifest, returns the newest known after."""
 
 
 @dataclass
@@ -159,6 +161,7 @@ def collect_garbage(
     now: float | None = None,
     root_id: str = "",
     shared_from: Iterable[str] = (),
+    updates: Mapping[tuple[str, int], ManifestUpdate] | None = None,
 ) -> GcReport:
     """Collect garbage in every store of ``operators`` (or only the store ``only``).
 
@@ -177,12 +180,15 @@ def collect_garbage(
         root_id: the root's id (manifests of another root are refused).
         shared_from: operators whose stores' snapshots may name other stores' blobs (the
             root's rescaled operators): those blobs are kept while such a snapshot is.
+        updates: per store open in this process, how to write its next manifest (taking
+            turns with its commits, instead of racing them through the blob store).
 
     Raises:
         StorageError: a listing or a delete failed (what was deleted stays deleted; a
             later run finishes the job).
     """
     started = time.monotonic()
+    updates = {} if updates is None else updates
     now = gc_now(blobs, probe=not dry_run) if now is None else now
     config = _clamped(config)
     report = GcReport(dry_run=dry_run)
@@ -195,7 +201,10 @@ def collect_garbage(
                 break
             is_busy = (operator, partition) in busy
             pin = pins.get((operator, partition))
-            where = _Store(blobs, config, operator, partition, root_id, now, dry_run, pin, shared)
+            where = _Store(
+                blobs, config, operator, partition, root_id, now, dry_run, pin, shared,
+                updates.get((operator, partition)),
+            )  # fmt: skip
             if any(layout.parse_manifest_key(m.key) is not None for m in metas):
                 store_report, doomed = _plan_manifest_store(where, metas, is_busy)
             else:
@@ -320,6 +329,9 @@ class _Store:
     """The oldest version an epoch manifest names: kept restorable."""
     shared: frozenset[str] = frozenset()
     """Keys of this root's blobs that snapshots of other stores name (:func:`_shared_blobs`)."""
+    update: ManifestUpdate | None = None
+    """How to write the store's next manifest when it is open in this process: through its
+    commit point (:meth:`statekeeper.store._commit_point.CommitPoint.update`)."""
 
 
 def _plan_manifest_store(
@@ -384,19 +396,30 @@ def _advance_base(st: _Store, manifest: StoreManifest, metas: list[BlobMeta]) ->
     checked: set[str] = set()
     now_ms = int(st.now * 1000)
     forget = int((st.now - st.config.orphan_ttl_s) * 1000)
-    for _ in range(_ADVANCE_TRIES):
-        base = _new_base(st, manifest, present, checked)
+
+    def advanced(m: StoreManifest) -> StoreManifest | None:
+        base = _new_base(st, m, present, checked)
         if base is None:
             # Retired snapshots past their grace are forgotten even if the base stays: GC
             # keeps the files of every retired snapshot the manifest names.
-            if all(r.time_ms >= forget for r in manifest.retired):
-                return manifest
-            base = manifest.base
-        advanced = with_base(manifest, base, now_ms=now_ms, forget_before_ms=forget)
-        if st.dry_run:
-            return advanced
+            if all(r.time_ms >= forget for r in m.retired):
+                return None
+            base = m.base
+        return with_base(m, base, now_ms=now_ms, forget_before_ms=forget)
+
+    if st.dry_run:
+        return advanced(manifest) or manifest
+    if st.update is not None:
+        # The store is open in this process: take turns with its commits. The base's
+        # snapshot is checked (read) first, outside their turn, then found checked.
+        advanced(manifest)
+        return st.update(advanced)
+    for _ in range(_ADVANCE_TRIES):
+        new = advanced(manifest)
+        if new is None:
+            return manifest
         try:
-            write_manifest(st.blobs, advanced)
+            write_manifest(st.blobs, new)
         except CommitConflictError:
             # A commit or a snapshot won the sequence number: decide again on the newest.
             newest = read_newest_manifest(
@@ -405,7 +428,7 @@ def _advance_base(st: _Store, manifest: StoreManifest, metas: list[BlobMeta]) ->
             assert newest is not None
             manifest = newest
             continue
-        return advanced
+        return new
     return manifest
 
 

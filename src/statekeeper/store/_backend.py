@@ -16,7 +16,7 @@ from types import TracebackType
 from statekeeper import layout
 from statekeeper.config import StoreConfig
 from statekeeper.errors import ConfigMismatchError, StateKeeperError
-from statekeeper.gc import GcReport, collect_garbage
+from statekeeper.gc import GcReport, ManifestUpdate, collect_garbage
 from statekeeper.history import StoreHistory
 from statekeeper.snapshot import SnapshotMetrics
 from statekeeper.storage import BlobStore, open_blob_store
@@ -280,7 +280,15 @@ class StateBackend:
             busy=self._snapshotter.uploading(),
             root_id="" if meta is None else meta.root_id,
             shared_from=() if meta is None else sorted(meta.rescales),
+            updates=self._manifest_updates(),
         )
+
+    def _manifest_updates(self) -> dict[tuple[str, int], ManifestUpdate]:
+        """How GC writes the next manifest of each store open here: through the store's
+        commit point, taking turns with its commits instead of racing them."""
+        with self._open_lock:
+            stores = list(self._open_stores.items())
+        return {key: store._point.update for key, store in stores}
 
     def verify(self, deep: bool = True, progress: Progress | None = None) -> VerifyReport:
         """Check every reference and, with ``deep``, every checksum of every store.
@@ -314,6 +322,7 @@ class StateBackend:
                 budget_s=_BACKGROUND_GC_BUDGET_S,
                 root_id="" if meta is None else meta.root_id,
                 shared_from=() if meta is None else sorted(meta.rescales),
+                updates=self._manifest_updates(),
             )
         except StateKeeperError as exc:
             _log.warning("background gc of %s/%s failed: %s", name, partition, exc)

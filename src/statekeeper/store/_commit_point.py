@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from statekeeper import phases
 from statekeeper.changelog import Columns
@@ -42,7 +43,7 @@ from statekeeper.store._changelogs import changelog_parts, prefix_length
 __all__ = ["CommitPoint", "check_order", "check_owner"]
 
 _log = logging.getLogger("statekeeper.store")
-_REGISTER_TRIES = 20
+_UPDATE_TRIES = 20
 
 
 class CommitPoint:
@@ -90,9 +91,11 @@ class CommitPoint:
                 self._know(found)
             return self.manifest
 
-    def register_snapshot(self, snapshot: SnapshotEntry, *, reused: str | None) -> bool:
-        """Name ``snapshot`` in a new manifest, unless the newest refuses it (see
-        :func:`~statekeeper.manifest.with_snapshot`); returns whether it was named.
+    def update(self, change: Callable[[StoreManifest], StoreManifest | None]) -> StoreManifest:
+        """Write ``change(newest)`` as the next manifest, taking turns with this store's
+        commits; ``change`` returns ``None`` when there is nothing to write. A lost race
+        (another process wrote the next manifest) applies ``change`` again to the newest.
+        Returns the newest manifest known after it (the one written, if any).
 
         Raises:
             StateKeeperError: other writers won the next manifest too many times in a row.
@@ -102,22 +105,33 @@ class CommitPoint:
             manifest = self.manifest
             if time.monotonic() - self._known_at > STALE_AFTER_S:
                 manifest = self._newest(none_yet=manifest.seq == 0)
-            for _ in range(_REGISTER_TRIES):
-                new = with_snapshot(manifest, snapshot, reused=reused)
+            for _ in range(_UPDATE_TRIES):
+                new = change(manifest)
                 if new is None:
                     self._know(manifest)
-                    return False
+                    return manifest
                 try:
                     write_manifest(self._blobs, new)
                 except CommitConflictError:
                     manifest = self._newest()  # another process wrote one
                     continue
                 self._know(new)
-                return True
+                return new
         raise StateKeeperError(
-            f"snapshot {snapshot.index_blob} not registered: the manifest of "
-            f"{self._operator}/{self._partition} changed {_REGISTER_TRIES} times in a row"
+            f"the manifest of {self._operator}/{self._partition} changed {_UPDATE_TRIES} times "
+            "in a row while writing the next one"
         )
+
+    def register_snapshot(self, snapshot: SnapshotEntry, *, reused: str | None) -> bool:
+        """Name ``snapshot`` in a new manifest, unless the newest refuses it (see
+        :func:`~statekeeper.manifest.with_snapshot`); returns whether it was named.
+
+        Raises:
+            StateKeeperError: other writers won the next manifest too many times in a row.
+            StorageError: reading or writing a manifest failed.
+        """
+        named = self.update(lambda m: with_snapshot(m, snapshot, reused=reused))
+        return snapshot in named.snapshots
 
     def _know(self, manifest: StoreManifest) -> None:
         """``manifest`` was just read or written: the newest known."""
