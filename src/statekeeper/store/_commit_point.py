@@ -49,10 +49,11 @@ _UPDATE_TRIES = 20
 class CommitPoint:
     """The manifests of one (operator, partition) as its writer sees them.
 
-    It belongs to one :class:`~statekeeper.store.StateStore`: its commits, and the
-    registration of its background snapshots, which take turns (a lock) and share the
-    manifest each writes, instead of racing each other through the blob store (a commit
-    every few milliseconds kept a registration losing until it gave up).
+    It belongs to one :class:`~statekeeper.store.StateStore`: its commits, the
+    registration of its background snapshots and the base moves of GC in the same process
+    take turns (a lock) and share the manifest each writes, instead of racing each other
+    through the blob store (a commit every few milliseconds kept the others losing until
+    they gave up, and the retained versions grew without bound).
     """
 
     def __init__(
