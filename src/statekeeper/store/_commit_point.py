@@ -103,9 +103,7 @@ class CommitPoint:
             StorageError: reading or writing a manifest failed.
         """
         with self._lock:
-            manifest = self.manifest
-            if time.monotonic() - self._known_at > STALE_AFTER_S:
-                manifest = self._newest(none_yet=manifest.seq == 0)
+            manifest = self._reread_if_stale() or self.manifest
             for _ in range(_UPDATE_TRIES):
                 new = change(manifest)
                 if new is None:
@@ -133,6 +131,14 @@ class CommitPoint:
         """
         named = self.update(lambda m: with_snapshot(m, snapshot, reused=reused))
         return snapshot in named.snapshots
+
+    def _reread_if_stale(self) -> StoreManifest | None:
+        """The newest manifest if the known one is older than
+        :data:`~statekeeper.manifest.STALE_AFTER_S` (GC may have deleted the manifests after
+        it: its next sequence number must not be written again), else ``None``."""
+        if time.monotonic() - self._known_at <= STALE_AFTER_S:
+            return None
+        return self._newest(none_yet=self.manifest.seq == 0)
 
     def _know(self, manifest: StoreManifest) -> None:
         """``manifest`` was just read or written: the newest known."""
@@ -204,61 +210,45 @@ class CommitPoint:
             StorageError: the manifest write failed (it may have landed: a retry decides).
         """
         with self._lock:
-            return self._publish(
-                version, attempt, order, kind, blob, columns, parent, owner, reused
-            )
-
-    def _publish(
-        self,
-        version: int,
-        attempt: str,
-        order: Order,
-        kind: Kind,
-        blob: str,
-        columns: Columns | None,
-        parent: str,
-        owner: str,
-        reused: str | None,
-    ) -> str | None:
-        manifest, newest = self.manifest, None
-        if time.monotonic() - self._known_at > STALE_AFTER_S:
-            manifest = newest = self._newest(none_yet=manifest.seq == 0)
-        while True:
-            if reused is not None and not names_snapshot(manifest, reused):
-                raise CommitConflictError(
-                    f"the snapshot of version {version} of {self._operator}/{self._partition} "
-                    f"reused files of snapshot {reused}, which the store no longer names: "
-                    "garbage collection may delete them. Nothing was committed; a retry "
-                    "uploads them again"
-                )
-            try:
-                decision = decide(
-                    manifest, parent=version - 1, attempt=attempt, order=order,
-                    parent_attempt=parent, owner=owner,
+            newest = self._reread_if_stale()
+            manifest = newest or self.manifest
+            while True:
+                if reused is not None and not names_snapshot(manifest, reused):
+                    raise CommitConflictError(
+                        f"the snapshot of version {version} of store {self._operator}/"
+                        f"{self._partition} reused files of snapshot {reused}, which the store "
+                        "no longer names: "
+                        "garbage collection may delete them. Nothing was committed; a retry "
+                        "uploads them again"
+                    )
+                try:
+                    decision = decide(
+                        manifest, parent=version - 1, attempt=attempt, order=order,
+                        parent_attempt=parent, owner=owner,
+                    )  # fmt: skip
+                except CommitConflictError:
+                    adopted = (
+                        None
+                        if columns is None
+                        else self._adopt(version, columns, parent, owner, order, newest)
+                    )
+                    if adopted is None:
+                        raise
+                    return adopted
+                if decision.action == "done":
+                    self._know(manifest)
+                    return None
+                new = apply(
+                    manifest, decision, attempt=attempt, order=order, kind=kind, blob=blob,
+                    owner=owner,
                 )  # fmt: skip
-            except CommitConflictError:
-                adopted = (
-                    None
-                    if columns is None
-                    else self._adopt(version, columns, parent, owner, order, newest)
-                )
-                if adopted is None:
-                    raise
-                return adopted
-            if decision.action == "done":
-                self._know(manifest)
+                try:
+                    write_manifest(self._blobs, new)
+                except CommitConflictError:
+                    manifest = newest = self._newest()
+                    continue
+                self._know(new)
                 return None
-            new = apply(
-                manifest, decision, attempt=attempt, order=order, kind=kind, blob=blob,
-                owner=owner,
-            )  # fmt: skip
-            try:
-                write_manifest(self._blobs, new)
-            except CommitConflictError:
-                manifest = newest = self._newest()
-                continue
-            self._know(new)
-            return None
 
     def _adopt(
         self,
