@@ -171,8 +171,9 @@ class SnapshotEntry:
 @dataclass(frozen=True, slots=True)
 class RetiredSnapshot:
     """A snapshot the manifest stopped naming (expired by GC, or of a replaced version) at
-    ``time_ms``: GC keeps its files for ``orphan_ttl_s`` after that, since an upload that
-    read an older manifest may be reusing them."""
+    ``time_ms``: GC keeps its files while a manifest lists it (the :data:`RETIRED_KEPT`
+    most recent, for at most ``orphan_ttl_s``), since an upload that read an older manifest
+    may be reusing them."""
 
     index_blob: str
     time_ms: int

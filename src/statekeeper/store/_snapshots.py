@@ -83,7 +83,6 @@ class SnapshotJob:
         self.partition = partition
         self.root_id = root_id
         self.point = point
-        self.manifest = point.manifest
         self.register = register
         self.index_key = ""
         """Where the index was (or will be) written; set by the upload."""
@@ -236,11 +235,10 @@ class Snapshotter:
         with self._pool_lock:
             self._uploading[key] = self._uploading.get(key, 0) + 1
         try:
-            if job.register:
-                job.manifest = job.point.refresh()
-                if any(s.version == version for s in job.manifest.snapshots):
-                    _log.info("snapshot %s/%s@%s exists already", *key, version)
-                    return None
+            # A background job diffs against, and registers on, the newest manifest.
+            if job.register and any(s.version == version for s in job.point.refresh().snapshots):
+                _log.info("snapshot %s/%s@%s exists already", *key, version)
+                return None
             metrics = self._upload(job, path, version, attempt)
             if job.register:
                 self._register(job, SnapshotEntry(version, attempt, job.index_key))
@@ -294,14 +292,16 @@ class Snapshotter:
         """The index to diff against, its key, whether its file names can be trusted, and
         why a previous snapshot is unusable (then the upload is a full one).
 
-        The newest registered snapshot below ``version`` is diffed against; garbage
-        collection keeps its files for ``orphan_ttl_s`` after it stops naming it, and the
-        upload checks that every reused blob still exists before publishing. Its names are
+        The newest registered snapshot below ``version`` (in the manifest the store knows)
+        is diffed against; garbage collection keeps its files while the store's manifest
+        names it, registered or retired, the upload checks that every reused blob still
+        exists before writing its index, and the registration that the newest manifest
+        still names it. Its names are
         trusted only if the copy itself descends from it; any other snapshot (say, written
         by another host) is diffed by name, size and checksum. An unreadable previous index
         means a full upload, never a failed snapshot.
         """
-        older = [s for s in job.manifest.snapshots if s.version < version]
+        older = [s for s in job.point.manifest.snapshots if s.version < version]
         if not older:
             return None, None, False, None
         newest = older[-1]
