@@ -3,9 +3,11 @@ gc, then check the invariants of ARCHITECTURE §5."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -100,6 +102,22 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "root"
 
 
+TEMPLATE_AGE_S = 1000.0
+"""How old every blob of the template is in each copy: past every grace GC gives a blob
+(``MIN_ORPHAN_TTL_S``, the manifests'), so each run of the scenario makes the same calls
+(its GC deletes the template's superseded manifests and expired changelogs), whenever it
+runs. ``copytree`` alone kept the template's own times, and a slow run crossed a grace
+midway: a run then made a call fewer or more than the run that counted them."""
+
+
+def copy_template(template: Path, root: Path) -> None:
+    shutil.copytree(template, root)
+    stamp = time.time() - TEMPLATE_AGE_S
+    for path in root.rglob("*"):
+        if path.is_file():
+            os.utime(path, (stamp, stamp))
+
+
 def check_invariants(root: Path, tmp: Path, last_ack: int) -> None:
     """The last acknowledged version opens exactly; nothing retained was deleted; after a gc
     past the TTL no orphan is left and everything verifies."""
@@ -130,7 +148,7 @@ def test_kill_at_every_call_keeps_every_invariant(template: Path, tmp_path: Path
     tried = 0
     for fail_at in range(1, 200):
         work = tmp_path / f"n{fail_at}"
-        shutil.copytree(template, work / "root")
+        copy_template(template, work / "root")
         child = subprocess.run(
             [sys.executable, "-c", CHILD, str(work / "root"), str(work / "local"),
              str(fail_at), str(Path(__file__).parents[2])],
@@ -151,7 +169,7 @@ def test_kill_at_every_call_keeps_every_invariant(template: Path, tmp_path: Path
 
 
 def _calls_of_scenario(template: Path, tmp: Path) -> int:
-    shutil.copytree(template, tmp / "root")
+    copy_template(template, tmp / "root")
     blobs = RecordingBlobStore(LocalBlobStore(str(tmp / "root")))
     backend = sk.StateBackend(blobs, config=config(str(tmp / "local")))
     scenario(backend, [])
@@ -167,7 +185,7 @@ def test_failure_at_every_call_keeps_every_invariant(
     raised = 0
     for fail_at in range(1, total + 1):
         work = tmp_path / f"{kind}{fail_at}"
-        shutil.copytree(template, work / "root")
+        copy_template(template, work / "root")
         blobs = FaultyBlobStore(LocalBlobStore(str(work / "root")), fail_at=fail_at, kind=kind)
         acks: list[int] = []
         try:
