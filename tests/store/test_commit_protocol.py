@@ -387,3 +387,51 @@ def test_a_writer_never_writes_a_manifest_gc_deleted(
     with _backend(tmp_path, "reader").open("op", 0) as store:
         expected = (6, b"v6") if stale else (2, b"from the stale store")
         assert (store.version, store.get(b"k")) == expected
+
+
+class _GcWhenManifestRead(RecordingBlobStore):
+    """Runs ``gc`` once, right after the first manifest read once ``armed``: another host's
+    GC lands between a listing of the manifests and the read of the changelog it names."""
+
+    def __init__(self, inner: BlobStore, gc: Callable[[], object]) -> None:
+        super().__init__(inner)
+        self.gc, self.armed, self.ran = gc, False, False
+
+    def get(self, key: str) -> bytes:
+        data = super().get(key)
+        if self.armed and not self.ran and layout.parse_manifest_key(key) is not None:
+            self.ran = True
+            self.gc()
+        return data
+
+
+def test_a_re_run_whose_version_gc_collects_while_it_compares_is_refused_not_lost(
+    tmp_path: Path,
+) -> None:
+    """A re-run of batch 0 (version 1, identical changes) on a store whose versions went on
+    to 4: version 1 is final, so the commit compares its changes with version 1's changelog
+    to adopt it. Between reading the manifest that names that changelog and reading the
+    changelog, another host's GC moved the base past version 1 and deleted it. The commit
+    raised StateNotFoundError ("no blob ... changelog"), as if committed state were lost
+    (found by the simulation, ``zombies_after_manifest_gc`` seed 1220000029); it is refused
+    with a conflict, as for any final version."""
+    writer = _backend(tmp_path, "w", retain_versions=2)
+    with writer.open("op", 0) as store:
+        for v in range(1, 5):
+            _commit(store, {b"k": b"v%d" % v}, (0, 0, 0, 0))
+            if v == 3:
+                store.snapshot_now()
+    gc_host = _backend(tmp_path, "gc", retain_versions=2)
+    hooked = _GcWhenManifestRead(LocalBlobStore(str(tmp_path / "root")), gc_host.gc)
+    cfg = sk.StoreConfig(local_dir=str(tmp_path / "rerun"), retain_versions=2)
+    rerun = sk.StateBackend(hooked, config=cfg).open("op", 0, version=0)
+    rerun.put(b"k", b"v1")
+    hooked.armed = True
+    with pytest.raises(sk.CommitConflictError, match="final"):
+        rerun.commit(order=(0, 0, 0, 0))
+    rerun.close()
+    assert hooked.ran
+    changelogs = writer.blobs.list(layout.changelog_prefix("op", 0))
+    assert 1 not in {layout.parse_changelog_key(m.key) for m in changelogs}  # collected
+    with _backend(tmp_path, "reader").open("op", 0) as store:
+        assert (store.version, store.get(b"k")) == (4, b"v4")

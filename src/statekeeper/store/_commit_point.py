@@ -20,7 +20,7 @@ from collections.abc import Callable
 from statekeeper import phases
 from statekeeper.changelog import Columns
 from statekeeper.config import StoreConfig
-from statekeeper.errors import CommitConflictError, StateKeeperError
+from statekeeper.errors import CommitConflictError, StateKeeperError, StateNotFoundError
 from statekeeper.manifest import (
     PLAIN_ORDER,
     STALE_AFTER_S,
@@ -315,20 +315,34 @@ class CommitPoint:
         if not owns(owner, entry):
             return None
         key = entry.blob
+        try:
+            if not self._holds(key, version, columns):
+                return None
+        except StateNotFoundError:
+            # GC deleted the blob after a newer manifest than ``manifest`` moved the base
+            # past the version: it is final, and the commit refused. A blob the newest
+            # manifest still names is missing indeed: that is not hidden.
+            newest = self._newest().entry(version)
+            if newest is not None and newest.blob == key:
+                raise
+            _log.info("version %s of %s was collected meanwhile: not adopted", version, key)
+            return None
+        _log.info("version %s already committed with identical content: accepted", key)
+        return entry.attempt
+
+    def _holds(self, key: str, version: int, columns: Columns) -> bool:
+        """Whether changelog ``key`` holds exactly ``columns``, built on ``version - 1``."""
         length = prefix_length(self._config)
         first = self._blobs.get_range(key, 0, length)
         parts = changelog_parts(self._blobs, key, first=first, length=length)
         done = 0
         for part in parts:  # a part at a time: the blob may be larger than memory allows
             if part.header.base_version != version - 1:
-                return None
+                return False
             if part.records != columns.records(done, done + len(part.records)):
-                return None
+                return False
             done += len(part.records)
-        if done != len(columns):
-            return None
-        _log.info("version %s already committed with identical content: accepted", key)
-        return entry.attempt
+        return done == len(columns)
 
 
 def check_order(order: object) -> Order:
