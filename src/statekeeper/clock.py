@@ -12,6 +12,10 @@ runs after every snapshot probes at most once a minute per root.
 
 Both readings can only err early: the store stamped the probe before the write returned,
 and S3 truncates stamps to the second. An early "now" keeps blobs longer, never shorter.
+
+A snapshot that names blobs an earlier, unfinished upload left behind (nothing names them,
+so GC counts their age) needs the opposite bound, :func:`latest_now`: the latest "now" any
+GC can take, so that it names only blobs no GC may have swept.
 """
 
 from __future__ import annotations
@@ -24,13 +28,16 @@ from collections.abc import Callable
 from statekeeper import layout
 from statekeeper.storage import BlobStore
 
-__all__ = ["PROBE_REUSE_S", "gc_now", "store_now", "sweep_probes"]
+__all__ = ["PROBE_REUSE_S", "gc_now", "latest_now", "store_now", "sweep_probes"]
 
 PROBE_REUSE_S = 60.0
 """Seconds one probe of a root's clock is reused for."""
 _PROBE_MAX_AGE_S = 3600.0
 _lock = threading.Lock()
-_probes: dict[str, tuple[float, float]] = {}  # root URI -> (store time, monotonic time)
+# root URI -> (store time, monotonic time it was read at, how much later the store's clock
+# may have been then)
+_probes: dict[str, tuple[float, float, float]] = {}
+_STAMP_RESOLUTION_S = 1.0  # S3 truncates stamps to the second
 
 wall_clock: Callable[[], float] = time.time
 """This host's clock (seconds since the epoch); replaced by tests to skew it."""
@@ -43,22 +50,42 @@ def store_now(blobs: BlobStore) -> float:
     Raises:
         StorageError: the probe could not be written or read back.
     """
+    stamped, read_at, _ = _probe(blobs)
+    return stamped + (time.monotonic() - read_at)
+
+
+def latest_now(blobs: BlobStore) -> float:
+    """The latest "now" any GC of ``blobs`` can take: the later of this host's clock and an
+    upper bound of the store's (its probe's stamp plus the probe's round trip and the
+    stamp's resolution). Never earlier than :func:`gc_now` anywhere whose clock is not ahead
+    of both.
+
+    Raises:
+        StorageError: the probe could not be written or read back.
+    """
+    stamped, read_at, late_by = _probe(blobs)
+    return max(wall_clock(), stamped + late_by + (time.monotonic() - read_at))
+
+
+def _probe(blobs: BlobStore) -> tuple[float, float, float]:
     with _lock:
         cached = _probes.get(blobs.uri)
     if cached is not None and time.monotonic() - cached[1] < PROBE_REUSE_S:
-        return cached[0] + (time.monotonic() - cached[1])
+        return cached
     key = layout.clock_probe_key(uuid.uuid4().hex)
+    started = time.monotonic()
     blobs.put(key, b"")
     try:
         stamped = blobs.head(key).last_modified
         # The stamp was taken before put returned: measuring from after head returned errs
-        # early, as it must.
+        # early, as it must; by at most the round trip and the stamp's resolution.
         read_at = time.monotonic()
     finally:
         blobs.delete_many([key])
+    probe = (stamped, read_at, read_at - started + _STAMP_RESOLUTION_S)
     with _lock:
-        _probes[blobs.uri] = (stamped, read_at)
-    return stamped
+        _probes[blobs.uri] = probe
+    return probe
 
 
 def gc_now(blobs: BlobStore, *, probe: bool = True) -> float:

@@ -95,7 +95,7 @@ from statekeeper.snapshot import (
 )
 from statekeeper.storage import BlobMeta, BlobStore
 
-__all__ = ["GcReport", "StoreGc", "collect_garbage"]
+__all__ = ["GcReport", "StoreGc", "collect_garbage", "resumable_age_s"]
 
 _log = logging.getLogger("statekeeper.gc")
 _MIN_TEMP_AGE_S = 3600.0
@@ -233,6 +233,14 @@ def collect_garbage(
         report.duration_s,
     )
     return report
+
+
+def resumable_age_s(config: StoreConfig) -> float:
+    """How old a blob nothing names may be for a snapshot to still name it (one an upload
+    that was cut off left behind, see :mod:`statekeeper.snapshot._resume`): the grace GC
+    gives it, less the :data:`MIN_ORPHAN_TTL_S` a fresh blob gets between its upload and its
+    naming. Zero (never) at the least grace."""
+    return max(config.orphan_ttl_s, MIN_ORPHAN_TTL_S) - MIN_ORPHAN_TTL_S
 
 
 def _clamped(config: StoreConfig) -> StoreConfig:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -370,3 +374,88 @@ def test_a_store_and_its_background_snapshots_never_race_for_a_manifest(
     assert history.manifest is not None
     assert history.manifest.base >= 50  # GC moved the base along
     backend.close()
+
+
+SLOW_UPLOAD_CHILD = r"""
+import sys, time
+sys.path.insert(0, sys.argv[3])
+import statekeeper as sk
+from statekeeper.storage import LocalBlobStore
+from tests.blobstores import RecordingBlobStore
+from tests.store.test_snapshots import _resume_config
+
+
+class Slow(RecordingBlobStore):
+    def put(self, key, data, **kw):
+        if "/files/" in key:
+            time.sleep(0.02)
+        super().put(key, data, **kw)
+
+
+backend = sk.StateBackend(Slow(LocalBlobStore(sys.argv[1])), config=_resume_config(sys.argv[2]))
+with backend.open("op", 0) as store:
+    print("snapshotting", flush=True)
+    store.snapshot_now()
+print("DONE", flush=True)
+"""
+
+
+def _resume_config(local: str) -> sk.StoreConfig:
+    return sk.StoreConfig(
+        local_dir=local, write_buffer_mb=1, snapshot_every=10**6, chunk_size=64 * 1024,
+        io_threads=1,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_snapshot_upload_killed_half_way_is_resumed_by_the_next_process(tmp_path: Path) -> None:
+    """A worker SIGKILLed in the middle of a snapshot upload (as Spark ends an idle Python
+    worker): the next process on that working copy names the files the killed one finished
+    instead of uploading them again, and the snapshot restores exactly."""
+    root, local = str(tmp_path / "root"), str(tmp_path / "local")
+    backend = sk.StateBackend(root, config=_resume_config(local))
+    with backend.open("op", 0) as store:
+        # three level-0 files of 1 MB (17 chunks each), fewer than a compaction waits for:
+        # the next process finds the files the killed one uploaded
+        for c in range(3):
+            for i in range(4000):
+                store.put(b"k%02d%06d" % (c, i), os.urandom(250))
+            store.commit()
+        expected = _state(store)
+    backend.close()
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLOW_UPLOAD_CHILD, root, local, str(Path(__file__).parents[2])],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    journal: list[str] = []
+    while time.monotonic() < deadline and child.poll() is None:
+        journal = [
+            ln for p in Path(local).rglob("*.uploads.jsonl") for ln in p.read_text().splitlines()
+        ]
+        if journal:
+            child.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == -signal.SIGKILL, (out, err[-3000:])
+    assert "DONE" not in out
+    killed_files = len(backend.blobs.list(layout.files_prefix("op", 0)))
+
+    again = sk.StateBackend(root, config=_resume_config(local))
+    with again.open("op", 0) as store:
+        assert store.restore_info.base_kind == "local"  # the copy the killed process left
+        metrics = store.snapshot_now()
+    again.close()
+    assert metrics is not None
+    assert metrics.files_resumed >= len(journal) >= 1
+    assert metrics.bytes_resumed > 0
+    total = metrics.bytes_uploaded + metrics.bytes_resumed
+    print(f"resumed {metrics.files_resumed} files, {metrics.bytes_resumed} of {total} bytes; "
+          f"{killed_files} blobs were written before the kill")  # fmt: skip
+    fresh = sk.StateBackend(root, config=_resume_config(str(tmp_path / "fresh")))
+    assert fresh.verify(deep=True).ok
+    with fresh.open("op", 0) as store:
+        assert (store.restore_info.base_kind, store.restore_info.base) == ("snapshot", 3)
+        assert _state(store) == expected
+    fresh.close()

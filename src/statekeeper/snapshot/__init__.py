@@ -27,6 +27,7 @@ from statekeeper.snapshot._index import (
     referenced_blob_ids,
     referenced_blob_keys,
 )
+from statekeeper.snapshot._resume import ResumePolicy
 from statekeeper.snapshot._transfer import SnapshotMetrics, load_index, upload_snapshot
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "FileBlob",
     "FileIndex",
     "RestoreMetrics",
+    "ResumePolicy",
     "SnapshotIndex",
     "SnapshotMetadata",
     "SnapshotMetrics",

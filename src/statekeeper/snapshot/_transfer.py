@@ -3,11 +3,14 @@
 Only what the diff marks as added is uploaded, in ``chunk_size`` chunks, each a separate
 create-only blob with a fresh id, ``io_threads`` at a time; the index blob is written last,
 create-only, so a snapshot exists iff its index does and the index only names blobs that
-were completely written before it (ARCHITECTURE §5.1).
+were completely written before it (ARCHITECTURE §5.1). A file an earlier, cut-off upload of
+the same working copy finished is named from its journal instead of being uploaded again
+(:mod:`statekeeper.snapshot._resume`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING
 import google_crc32c
 
 from statekeeper import layout
+from statekeeper.clock import latest_now
 from statekeeper.errors import CommitConflictError, StateNotFoundError
 from statekeeper.snapshot._diff import DirDiff, diff_dir
 from statekeeper.snapshot._files import open_no_follow
@@ -34,7 +38,8 @@ from statekeeper.snapshot._index import (
     check_metadata,
     rebased,
 )
-from statekeeper.storage import transfer_pool
+from statekeeper.snapshot._resume import ResumePolicy, UploadJournal, check_resumed
+from statekeeper.storage import BlobMeta, transfer_pool
 
 if TYPE_CHECKING:
     from statekeeper.storage import BlobStore
@@ -58,6 +63,9 @@ class SnapshotMetrics:
         index_blob: key of the index blob written.
         full_upload_reason: why nothing was diffed against the previous snapshot although
             there is one (its index is corrupt or missing); ``None`` otherwise.
+        files_resumed: added files not uploaded again: an earlier, unfinished upload of
+            the same copy had uploaded them (see :mod:`statekeeper.snapshot._resume`).
+        bytes_resumed: their total size.
     """
 
     files_uploaded: int
@@ -68,6 +76,8 @@ class SnapshotMetrics:
     duration_s: float
     index_blob: str
     full_upload_reason: str | None = None
+    files_resumed: int = 0
+    bytes_resumed: int = 0
 
 
 def check_transfer_args(*, io_threads: int, chunk_size: int = 1) -> None:
@@ -98,6 +108,7 @@ def upload_snapshot(
     root_id: str | None = None,
     attempt: str | None = None,
     parent: bool = False,
+    resume: ResumePolicy | None = None,
 ) -> tuple[SnapshotIndex, SnapshotMetrics]:
     """Upload a RocksDB checkpoint directory as the snapshot of ``version``, incrementally.
 
@@ -128,11 +139,16 @@ def upload_snapshot(
             ``checkpoint_dir`` was made from by a rescale: retained files keep naming that
             store's blobs (schema 3, see :func:`rebased`) and the new index starts no
             ``prevSnapshotIndexBlobId`` chain.
+        resume: the copy's upload journal: files an earlier upload of it finished are not
+            uploaded again, and the files this one finishes are noted (see
+            :mod:`statekeeper.snapshot._resume`); ``None``: neither.
 
     Just before the index is written, every blob it reuses from ``previous`` is checked to
     still exist (one listing of the store's files); if garbage collection removed one
     meanwhile, the snapshot is uploaded again in full, so a published index never names a
-    deleted blob it reused (ARCHITECTURE invariant 5).
+    deleted blob it reused (ARCHITECTURE invariant 5). The same listing checks the blobs
+    taken from the journal (present, of their size, and young enough); a file failing that
+    is uploaded again.
 
     Returns:
         The index written and the upload's metrics.
@@ -160,74 +176,152 @@ def upload_snapshot(
         _check_previous(previous, operator, partition, version)
         start = previous.dir_index if previous else None
     _refuse_existing(blobs, key, version)
-    diff = diff_dir(checkpoint_dir, start, trust_names=trust_names)
-    uploaded = _upload_added(
-        blobs, diff, lambda blob_id: layout.file_blob_key(operator, partition, blob_id),
-        chunk_size=chunk_size, io_threads=io_threads,
-    )  # fmt: skip
-    if previous is not None and _reused_missing(blobs, diff, operator, partition):
-        _log.warning(
-            "snapshot %s: blobs it would reuse from %s were deleted meanwhile (gc); "
-            "uploading it in full", key, previous_key,
+    with contextlib.ExitStack() as stack:
+        journal = (
+            None
+            if resume is None or resume.max_age_s <= 0
+            else stack.enter_context(UploadJournal.take(resume.journal))
+        )
+        job = _Upload(
+            blobs, operator, partition, chunk_size, io_threads, journal,
+            0.0 if resume is None else resume.max_age_s,
         )  # fmt: skip
-        return upload_snapshot(
-            blobs, checkpoint_dir, operator=operator, partition=partition, version=version,
-            previous=None, trust_names=False, chunk_size=chunk_size, io_threads=io_threads,
-            checkpoint_id=checkpoint_id, index_key=index_key, root_id=root_id, attempt=attempt,
-        )  # fmt: skip
-    index = SnapshotIndex(
-        checkpoint_id=checkpoint_id if checkpoint_id is not None else uuid.uuid4().hex,
-        created_time_ms=time.time_ns() // 1_000_000,
-        metadata=SnapshotMetadata(
-            operator=operator,
-            partition=partition,
-            version=version,
-            root_id=root_id,
-            attempt=attempt,
-        ),
-        dir_index=_new_dir_index(diff, uploaded, ""),
-        prev_snapshot_index_blob_id=(
-            (
-                previous_key
-                or layout.snapshot_index_key(operator, partition, previous.metadata.version)
-            )
-            if previous is not None and not parent
-            else None
-        ),
-    )
-    try:
-        blobs.put(key, index.to_json())
-    except CommitConflictError as exc:
-        raise _conflict(key, version) from exc
+        diff = diff_dir(checkpoint_dir, start, trust_names=trust_names)
+        uploaded, resumed = job.upload(diff)
+        if previous is not None and job.reused_missing(diff):
+            _log.warning(
+                "snapshot %s: blobs it would reuse from %s were deleted meanwhile (gc); "
+                "uploading it in full", key, previous_key,
+            )  # fmt: skip
+            # What this upload finished is in the journal: the full upload takes it again.
+            previous = None
+            diff = diff_dir(checkpoint_dir, None, trust_names=False)
+            uploaded, resumed = job.upload(diff)
+        index = SnapshotIndex(
+            checkpoint_id=checkpoint_id if checkpoint_id is not None else uuid.uuid4().hex,
+            created_time_ms=time.time_ns() // 1_000_000,
+            metadata=SnapshotMetadata(
+                operator=operator,
+                partition=partition,
+                version=version,
+                root_id=root_id,
+                attempt=attempt,
+            ),
+            dir_index=_new_dir_index(diff, uploaded, ""),
+            prev_snapshot_index_blob_id=(
+                (
+                    previous_key
+                    or layout.snapshot_index_key(operator, partition, previous.metadata.version)
+                )
+                if previous is not None and not parent
+                else None
+            ),
+        )
+        if journal is not None:
+            journal.clear()  # no line may name a blob an index names
+        try:
+            blobs.put(key, index.to_json())
+        except CommitConflictError as exc:
+            raise _conflict(key, version) from exc
+    fresh = [f for rel, f in uploaded.items() if rel not in resumed]
     metrics = SnapshotMetrics(
-        files_uploaded=len(uploaded),
-        bytes_uploaded=sum(f.size_in_bytes for f in uploaded.values()),
+        files_uploaded=len(fresh),
+        bytes_uploaded=sum(f.size_in_bytes for f in fresh),
         files_reused=sum(1 for _ in diff.iter_retained()),
         bytes_reused=diff.bytes_retained,
         files_removed=sum(1 for _ in diff.iter_removed()),
         duration_s=time.monotonic() - started,
         index_blob=key,
+        files_resumed=len(resumed),
+        bytes_resumed=sum(uploaded[rel].size_in_bytes for rel in resumed),
     )
     _log.info(
-        "snapshot %s: uploaded %d files (%d bytes), reused %d files (%d bytes), "
-        "removed %d files, in %.3f s",
-        key, metrics.files_uploaded, metrics.bytes_uploaded, metrics.files_reused,
-        metrics.bytes_reused, metrics.files_removed, metrics.duration_s,
+        "snapshot %s: uploaded %d files (%d bytes), resumed %d files (%d bytes), reused %d "
+        "files (%d bytes), removed %d files, in %.3f s",
+        key, metrics.files_uploaded, metrics.bytes_uploaded, metrics.files_resumed,
+        metrics.bytes_resumed, metrics.files_reused, metrics.bytes_reused,
+        metrics.files_removed, metrics.duration_s,
     )  # fmt: skip
     return index, metrics
 
 
-def _reused_missing(blobs: BlobStore, diff: DirDiff, operator: str, partition: int) -> bool:
-    """Whether a blob the diff reuses is no longer in the store that holds it."""
-    reused: dict[tuple[str, int], set[str]] = {}
-    for f in diff.iter_retained():
-        for b in f.blobs:
-            reused.setdefault(b.store or (operator, partition), set()).add(b.blob_id)
-    for (owner, part), ids in reused.items():
-        present = {m.key.rsplit("/", 1)[-1] for m in blobs.list(layout.files_prefix(owner, part))}
-        if not ids <= present:
-            return True
-    return False
+class _Upload:
+    """Uploads the added files of a diff, taking what the journal has, and lists the blobs
+    that the index will reuse or resume, just before it is written."""
+
+    def __init__(
+        self,
+        blobs: BlobStore,
+        operator: str,
+        partition: int,
+        chunk_size: int,
+        io_threads: int,
+        journal: UploadJournal | None,
+        max_age_s: float,
+    ) -> None:
+        self._blobs = blobs
+        self._operator = operator
+        self._partition = partition
+        self._chunk_size = chunk_size
+        self._io_threads = io_threads
+        self._journal = journal
+        self._max_age_s = max_age_s
+        self._listing: dict[tuple[str, int], dict[str, BlobMeta]] = {}
+
+    def _key_of(self, blob_id: str) -> str:
+        return layout.file_blob_key(self._operator, self._partition, blob_id)
+
+    def upload(self, diff: DirDiff) -> tuple[dict[str, FileIndex], set[str]]:
+        """Every added file's entry by relative path, and which of them were resumed."""
+        added = list(diff.iter_added())
+        resumed: dict[str, FileIndex] = {}
+        if self._journal is not None and self._max_age_s > 0 and self._journal.load():
+            for rel, path in added:
+                if (entry := self._journal.match(rel, path)) is not None:
+                    resumed[rel] = entry
+        uploaded = self._upload([(rel, p) for rel, p in added if rel not in resumed])
+        if resumed:
+            present = self.listing(self._operator, self._partition, fresh=True)
+            now = latest_now(self._blobs)
+            bad = set(check_resumed(resumed, present, now, self._max_age_s))
+            if bad:
+                _log.info(
+                    "%d files of an unfinished upload are gone or too old to name: "
+                    "uploading them again", len(bad),
+                )  # fmt: skip
+                uploaded.update(self._upload([(rel, p) for rel, p in added if rel in bad]))
+            for rel in bad:
+                del resumed[rel]
+            uploaded.update(resumed)
+        return uploaded, set(resumed)
+
+    def reused_missing(self, diff: DirDiff) -> bool:
+        """Whether a blob the diff reuses is no longer in the store that holds it."""
+        reused: dict[tuple[str, int], set[str]] = {}
+        for f in diff.iter_retained():
+            for b in f.blobs:
+                reused.setdefault(b.store or (self._operator, self._partition), set()).add(
+                    b.blob_id
+                )
+        return any(not ids <= self.listing(*owner).keys() for owner, ids in reused.items())
+
+    def listing(self, operator: str, partition: int, *, fresh: bool = False) -> dict[str, BlobMeta]:
+        """The blobs of a store's ``files/`` by id: listed once per upload (or now, with
+        ``fresh``)."""
+        owner = (operator, partition)
+        if fresh or owner not in self._listing:
+            self._listing[owner] = {
+                m.key.rsplit("/", 1)[-1]: m
+                for m in self._blobs.list(layout.files_prefix(operator, partition))
+            }
+        return self._listing[owner]
+
+    def _upload(self, files: list[tuple[str, Path]]) -> dict[str, FileIndex]:
+        """Upload ``files`` (relative path, path); returns their entries by relative path."""
+        return _upload_added(
+            self._blobs, files, self._key_of, chunk_size=self._chunk_size,
+            io_threads=self._io_threads, journal=self._journal,
+        )  # fmt: skip
 
 
 def load_index(
@@ -309,10 +403,12 @@ class _Window:
         self._limit = limit
         self._pending: set[Future[None]] = set()
 
-    def submit(self, fn: Callable[[str, bytes], None], key: str, data: bytes) -> None:
+    def submit(self, fn: Callable[[str, bytes], None], key: str, data: bytes) -> Future[None]:
         while len(self._pending) >= self._limit:
             self._settle()
-        self._pending.add(self._pool.submit(fn, key, data))
+        future = self._pool.submit(fn, key, data)
+        self._pending.add(future)
+        return future
 
     def drain(self) -> None:
         while self._pending:
@@ -331,23 +427,42 @@ class _Window:
 
 def _upload_added(
     blobs: BlobStore,
-    diff: DirDiff,
+    files: list[tuple[str, Path]],
     key_of: Callable[[str], str],
     *,
     chunk_size: int,
     io_threads: int,
+    journal: UploadJournal | None,
 ) -> dict[str, FileIndex]:
-    """Upload every added file; returns their new entries by relative path."""
+    """Upload ``files`` (relative path, path); returns their new entries by relative path.
+    Each file is noted in ``journal`` once all its chunks are written, also when the upload
+    fails later."""
     uploaded: dict[str, FileIndex] = {}
+    unsure: list[tuple[str, Path, list[Future[None]]]] = []  # not noted in the journal yet
+
+    def note_finished() -> None:
+        if journal is None:
+            return
+        for item in list(unsure):
+            rel, path, chunks = item
+            if all(c.done() for c in chunks):
+                unsure.remove(item)
+                if not any(c.cancelled() or c.exception() is not None for c in chunks):
+                    journal.record(rel, path, uploaded[rel])
+
     with transfer_pool(io_threads, "statekeeper-upload") as pool:
         window = _Window(pool, io_threads)
         try:
-            for rel, path in diff.iter_added():
-                uploaded[rel] = _upload_file(blobs, window, path, key_of, chunk_size)
+            for rel, path in files:
+                uploaded[rel], chunks = _upload_file(blobs, window, path, key_of, chunk_size)
+                unsure.append((rel, path, chunks))
+                note_finished()
             window.drain()
         except BaseException:
             window.abandon()
+            note_finished()
             raise
+        note_finished()
     return uploaded
 
 
@@ -357,10 +472,11 @@ def _upload_file(
     path: Path,
     key_of: Callable[[str], str],
     chunk_size: int,
-) -> FileIndex:
+) -> tuple[FileIndex, list[Future[None]]]:
     crc = 0
     size = 0
     chunks: list[FileBlob] = []
+    writes: list[Future[None]] = []
     with os.fdopen(open_no_follow(path), "rb") as f:
         st = os.fstat(f.fileno())
         # Reading one chunk at a time and handing it to the window keeps memory bounded
@@ -369,11 +485,11 @@ def _upload_file(
             # A fresh id per chunk, never derived from the file name: a blob is written
             # once and never overwritten, even when RocksDB reuses a file name.
             blob_id = uuid.uuid4().hex
-            window.submit(blobs.put, key_of(blob_id), data)
+            writes.append(window.submit(blobs.put, key_of(blob_id), data))
             chunks.append(FileBlob(blob_id=blob_id, offset=size))
             crc = google_crc32c.extend(crc, data)
             size += len(data)
-    return FileIndex(
+    entry = FileIndex(
         file_name=path.name,
         blobs=tuple(chunks),
         size_in_bytes=size,
@@ -382,6 +498,7 @@ def _upload_file(
         crc=crc,
         attribs=stat.S_IMODE(st.st_mode) & 0o777,
     )
+    return entry, writes
 
 
 def _new_dir_index(diff: DirDiff, uploaded: dict[str, FileIndex], prefix: str) -> DirIndex:

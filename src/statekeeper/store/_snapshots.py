@@ -26,15 +26,22 @@ from statekeeper.errors import (
     StateKeeperError,
     StateNotFoundError,
 )
+from statekeeper.gc import resumable_age_s
 from statekeeper.manifest import (
     LEGACY_ATTEMPT,
     SnapshotEntry,
 )
 from statekeeper.metrics import CommitMetrics, write_commit_metrics
-from statekeeper.snapshot import SnapshotIndex, SnapshotMetrics, load_index, upload_snapshot
+from statekeeper.snapshot import (
+    ResumePolicy,
+    SnapshotIndex,
+    SnapshotMetrics,
+    load_index,
+    upload_snapshot,
+)
 from statekeeper.storage import BlobStore, thread_pool
 from statekeeper.store._commit_point import CommitPoint
-from statekeeper.store._working_copy import WorkingCopy
+from statekeeper.store._working_copy import WorkingCopy, upload_journal_path
 
 __all__ = [
     "SnapshotJob",
@@ -281,6 +288,7 @@ class Snapshotter:
             # The empty store (version 0) has no attempt to name: a schema-1 index.
             root_id=job.root_id if attempt else None,
             attempt=attempt or None,
+            resume=ResumePolicy(upload_journal_path(job.copy.path), resumable_age_s(self._config)),
         )
         job.copy.set_lineage(index.checkpoint_id, version)
         job.reused = previous_key if metrics.files_reused else None

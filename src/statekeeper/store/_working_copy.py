@@ -35,6 +35,7 @@ import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 
 import rocksdict
 
@@ -648,6 +649,12 @@ def _lineage_path(path: str) -> str:
     return path + ".lineage.json"
 
 
+def upload_journal_path(path: str) -> Path:
+    """The upload journal of the working copy at ``path``, beside it (see
+    :mod:`statekeeper.snapshot._resume`)."""
+    return Path(path + ".uploads.jsonl")
+
+
 def forget_lineage(path: str) -> None:
     """Delete the lineage record of the working copy at ``path``, if any."""
     with contextlib.suppress(FileNotFoundError):
@@ -682,8 +689,9 @@ def remove_unused_copy(path: str) -> bool:
         except StateKeeperError as exc:  # in use by another process, or cannot be told
             _log.debug("kept the local working copy %s: %s", path, exc)
             return False
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(_lineage_path(path))
+        for beside in (_lineage_path(path), upload_journal_path(path)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(beside)
         # Imported here: the snapshot module imports this one. It keeps the folders of
         # uploads still running in this process.
         from statekeeper.store._snapshots import remove_stale_checkpoints
