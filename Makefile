@@ -57,6 +57,7 @@ demo: $(STAMP) check-java
 bench: $(STAMP) check-java
 	$(BIN)/python benchmarks/commit.py --sizes 100000 1000000 --commits 40 --out benchmarks/results/commit.json
 	$(BIN)/python benchmarks/restore.py --keys 1000000 --versions 20 --tail 5 --out benchmarks/results/restore.json
+	$(BIN)/python benchmarks/longrun.py --commits 5000 --window 1000 --out benchmarks/results/longrun.json
 	$(BIN)/python benchmarks/per_key.py --keys 100000 --repeat 3 --arrow-rows 100000 1000000 --out benchmarks/results/per_key.json
 	$(BIN)/python benchmarks/pipeline.py --rows 100000 --keys 1000000 --batches 10 --peer-batches 3 --out benchmarks/results/pipeline.json
 	$(BIN)/python benchmarks/timers.py --timers 1000000 10000000 --due 10000 --batches 20 --out benchmarks/results/timers.json

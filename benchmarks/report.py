@@ -1,10 +1,10 @@
 """Render the benchmark JSON outputs as ``benchmarks/RESULTS.md``.
 
-Reads ``commit.json``, ``restore.json``, ``per_key.json``, ``pipeline.json`` and
-``timers.json`` from ``--results`` (any of them may be missing: its section says so) and
-writes one Markdown page: the date, a description of the machine it runs on, one table per
-benchmark and the command that reproduces them (the recipe of the Makefile's ``bench``
-target, read from ``--makefile``).
+Reads ``commit.json``, ``restore.json``, ``longrun.json``, ``per_key.json``,
+``pipeline.json`` and ``timers.json`` from ``--results`` (any of them may be missing: its
+section says so) and writes one Markdown page: the date, a description of the machine it
+runs on, one table per benchmark and the command that reproduces them (the recipe of the
+Makefile's ``bench`` target, read from ``--makefile``).
 
     .venv/bin/python benchmarks/report.py [--results benchmarks/results]
         [--out benchmarks/RESULTS.md] [--makefile Makefile]
@@ -353,6 +353,50 @@ def restore_section(data: dict[str, Any]) -> list[str]:
     ]
 
 
+def longrun_section(data: dict[str, Any]) -> list[str]:
+    """The long run: what one store accumulates over thousands of commits."""
+    work = data["workload"]
+    rows = [
+        [
+            f"{w['after_commits']:,}",
+            f"{w['manifests']:,}",
+            w["manifests_mb"],
+            w["newest_manifest_kb"],
+            w["versions_named"],
+            w["retired_named"],
+            w["failed_snapshots"],
+            f"{w['commit_p50_ms']} / {w['commit_p99_ms']}",
+        ]
+        for w in data["windows"]
+    ]
+    steady = data["after_grace"]
+    return [
+        "## Long run (`benchmarks/longrun.py`)",
+        "",
+        f"One store, {work['commits']:,} commits of {work['keys_per_commit']} changed key(s) "
+        f"({work['value_bytes']}-byte values), {work['config']}; {data['conditions']}. "
+        f"Run {data['date']}, {data['seconds']} s in all.",
+        "",
+        *_table(
+            [
+                "after commits",
+                "manifests",
+                "manifests MB",
+                "newest manifest KB",
+                "versions named",
+                "retired named",
+                "failed snapshots",
+                "commit p50 / p99 ms",
+            ],
+            rows,
+        ),
+        "",
+        f"GC run as if the 15-minute manifest grace had passed left {steady['manifests']} "
+        f"manifest(s), {steady['manifests_mb']} MB (the run is shorter than the grace, so "
+        "every superseded manifest was still kept above).",
+    ]
+
+
 def _target(r: dict[str, Any]) -> str:
     if "target_us" not in r:
         return "-"
@@ -681,12 +725,13 @@ def anatomy_section(runs: list[dict[str, Any]]) -> list[str]:
 def render(results: Path, makefile: Path | None = None) -> str:
     """The RESULTS.md text for the JSON files in ``results``."""
     loaded: dict[str, dict[str, Any] | None] = {}
-    for name in ("commit", "restore", "per_key", "pipeline", "timers"):
+    for name in ("commit", "restore", "longrun", "per_key", "pipeline", "timers"):
         path = results / f"{name}.json"
         loaded[name] = json.loads(path.read_text()) if path.exists() else None
     sections = {
         "commit": commit_section,
         "restore": restore_section,
+        "longrun": longrun_section,
         "per_key": per_key_section,
         "pipeline": pipeline_section,
         "timers": timers_section,

@@ -319,11 +319,36 @@ def test_timers_fires_exactly_the_due_timers_and_the_report_shows_them(tmp_path:
     assert "| 12,000 | 1,000 | 3 |" in out.read_text()
 
 
+def test_longrun_reports_each_window_and_the_steady_state(tmp_path: Path) -> None:
+    """A tiny long run: one row per window, the retained versions bounded by the retention,
+    no failed snapshot, and after the manifests' grace a single manifest; the report renders
+    its table."""
+    found = _run("longrun", tmp_path / "longrun.json", "--commits", "250", "--window", "100")
+    assert [w["after_commits"] for w in found["windows"]] == [100, 200, 250]
+    for w in found["windows"]:
+        assert w["manifests"] >= w["after_commits"]  # none past the 15-minute grace yet
+        # retain_versions, plus the versions between GC's base snapshot and the oldest
+        # retained one (a snapshot is skipped while the previous one still uploads)
+        assert 0 < w["versions_named"] <= 150
+        assert w["retired_named"] <= 16
+        assert w["failed_snapshots"] == 0
+        assert 0 < w["commit_p50_ms"] <= w["commit_p99_ms"]
+    assert found["after_grace"]["manifests"] == 1
+    assert found["after_grace"]["blobs_deleted_by_gc"] >= found["windows"][-1]["manifests"] - 1
+    assert found["flat"]["failed_snapshots"] == 0
+    out = tmp_path / "RESULTS.md"
+    _report(tmp_path, out)
+    text = out.read_text()
+    assert "## Long run (`benchmarks/longrun.py`)" in text
+    assert "| 250 | " in text
+    assert "left 1 manifest(s)" in text
+
+
 def test_make_bench_runs_every_benchmark_and_the_report() -> None:
     """The recipe the report quotes is the Makefile's, and writes where the report reads."""
     report = _load_report()
     recipe = report.bench_recipe(ROOT / "Makefile")
-    for name in ("commit", "restore", "per_key", "pipeline", "timers"):
+    for name in ("commit", "restore", "longrun", "per_key", "pipeline", "timers"):
         assert any(
             f"benchmarks/{name}.py" in line and f"--out benchmarks/results/{name}.json" in line
             for line in recipe
