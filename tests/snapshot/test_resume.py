@@ -45,7 +45,7 @@ def sst_tree(root: Path) -> Path:
 
 
 def policy(tmp: Path, max_age_s: float = 3600.0) -> ResumePolicy:
-    return ResumePolicy(tmp / "copy.uploads.jsonl", max_age_s)
+    return ResumePolicy(tmp / "copy.uploads.jsonl", max_age_s, time.time)
 
 
 def cut_off_after(counting: CountingStore, puts: int) -> None:

@@ -30,7 +30,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,12 +47,14 @@ _owned_lock = threading.Lock()
 
 @dataclass(frozen=True, slots=True)
 class ResumePolicy:
-    """Where a copy's upload journal is, and how old a blob it names may be to be named
-    again (by :func:`statekeeper.clock.latest_now`); resuming is off when ``max_age_s`` is
-    not positive."""
+    """Where a copy's upload journal is, how old a blob it names may be to be named again,
+    and the clock that age is measured with: the latest "now" any GC of the blob store can
+    take (:func:`statekeeper.clock.latest_now`). Resuming is off when ``max_age_s`` is not
+    positive."""
 
     journal: Path
     max_age_s: float
+    now: Callable[[], float]
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 import google_crc32c
 
 from statekeeper import layout
-from statekeeper.clock import latest_now
 from statekeeper.errors import CommitConflictError, StateNotFoundError
 from statekeeper.snapshot._diff import DirDiff, diff_dir
 from statekeeper.snapshot._files import open_no_follow
@@ -182,10 +181,7 @@ def upload_snapshot(
             if resume is None or resume.max_age_s <= 0
             else stack.enter_context(UploadJournal.take(resume.journal))
         )
-        job = _Upload(
-            blobs, operator, partition, chunk_size, io_threads, journal,
-            0.0 if resume is None else resume.max_age_s,
-        )  # fmt: skip
+        job = _Upload(blobs, operator, partition, chunk_size, io_threads, journal, resume)
         diff = diff_dir(checkpoint_dir, start, trust_names=trust_names)
         uploaded, resumed = job.upload(diff)
         if previous is not None and job.reused_missing(diff):
@@ -257,7 +253,7 @@ class _Upload:
         chunk_size: int,
         io_threads: int,
         journal: UploadJournal | None,
-        max_age_s: float,
+        resume: ResumePolicy | None,
     ) -> None:
         self._blobs = blobs
         self._operator = operator
@@ -265,7 +261,7 @@ class _Upload:
         self._chunk_size = chunk_size
         self._io_threads = io_threads
         self._journal = journal
-        self._max_age_s = max_age_s
+        self._resume = resume
         self._listing: dict[tuple[str, int], dict[str, BlobMeta]] = {}
 
     def _key_of(self, blob_id: str) -> str:
@@ -275,15 +271,15 @@ class _Upload:
         """Every added file's entry by relative path, and which of them were resumed."""
         added = list(diff.iter_added())
         resumed: dict[str, FileIndex] = {}
-        if self._journal is not None and self._max_age_s > 0 and self._journal.load():
+        if self._journal is not None and self._journal.load():
             for rel, path in added:
                 if (entry := self._journal.match(rel, path)) is not None:
                     resumed[rel] = entry
         uploaded = self._upload([(rel, p) for rel, p in added if rel not in resumed])
-        if resumed:
+        if resumed and self._resume is not None:
             present = self.listing(self._operator, self._partition, fresh=True)
-            now = latest_now(self._blobs)
-            bad = set(check_resumed(resumed, present, now, self._max_age_s))
+            now = self._resume.now()
+            bad = set(check_resumed(resumed, present, now, self._resume.max_age_s))
             if bad:
                 _log.info(
                     "%d files of an unfinished upload are gone or too old to name: "

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from statekeeper import layout, phases
+from statekeeper.clock import latest_now
 from statekeeper.config import StoreConfig
 from statekeeper.errors import (
     CorruptStateError,
@@ -288,7 +289,11 @@ class Snapshotter:
             # The empty store (version 0) has no attempt to name: a schema-1 index.
             root_id=job.root_id if attempt else None,
             attempt=attempt or None,
-            resume=ResumePolicy(upload_journal_path(job.copy.path), resumable_age_s(self._config)),
+            resume=ResumePolicy(
+                upload_journal_path(job.copy.path),
+                resumable_age_s(self._config),
+                lambda: latest_now(self._blobs),
+            ),
         )
         job.copy.set_lineage(index.checkpoint_id, version)
         job.reused = previous_key if metrics.files_reused else None
