@@ -57,8 +57,8 @@ def store_now(blobs: BlobStore) -> float:
 def latest_now(blobs: BlobStore) -> float:
     """The latest "now" any GC of ``blobs`` can take: the later of this host's clock and an
     upper bound of the store's (its probe's stamp plus the probe's round trip and the
-    stamp's resolution). Never earlier than :func:`gc_now` anywhere whose clock is not ahead
-    of both.
+    stamp's resolution). A GC on any host takes the earlier of its clock and the store's
+    (:func:`gc_now`), so never a later "now" than this at the same moment.
 
     Raises:
         StorageError: the probe could not be written or read back.
