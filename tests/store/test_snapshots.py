@@ -407,6 +407,17 @@ def _resume_config(local: str) -> sk.StoreConfig:
     )  # fmt: skip
 
 
+def _three_level_0_files(store: sk.StateStore) -> dict[bytes, bytes]:
+    """Three commits of 1 MB (with ``_resume_config``: three level-0 files of 17 chunks
+    each), fewer files than a compaction waits for, so a later checkpoint holds the same
+    files; returns the state."""
+    for c in range(3):
+        for i in range(4000):
+            store.put(b"k%02d%06d" % (c, i), os.urandom(250))
+        store.commit()
+    return _state(store)
+
+
 @pytest.mark.slow
 def test_a_snapshot_upload_killed_half_way_is_resumed_by_the_next_process(tmp_path: Path) -> None:
     """A worker SIGKILLed in the middle of a snapshot upload (as Spark ends an idle Python
@@ -415,13 +426,7 @@ def test_a_snapshot_upload_killed_half_way_is_resumed_by_the_next_process(tmp_pa
     root, local = str(tmp_path / "root"), str(tmp_path / "local")
     backend = sk.StateBackend(root, config=_resume_config(local))
     with backend.open("op", 0) as store:
-        # three level-0 files of 1 MB (17 chunks each), fewer than a compaction waits for:
-        # the next process finds the files the killed one uploaded
-        for c in range(3):
-            for i in range(4000):
-                store.put(b"k%02d%06d" % (c, i), os.urandom(250))
-            store.commit()
-        expected = _state(store)
+        expected = _three_level_0_files(store)
     backend.close()
     child = subprocess.Popen(
         [sys.executable, "-c", SLOW_UPLOAD_CHILD, root, local, str(Path(__file__).parents[2])],
@@ -490,11 +495,7 @@ def test_a_snapshot_upload_cut_off_resumes_on_the_local_filesystem_and_s3(
     blobs = _CutOff(open_blob_store(uri, storage_options=options))
     backend = sk.StateBackend(blobs, config=_resume_config(str(tmp_path / "local")))
     with backend.open("op", 0) as store:
-        for c in range(3):
-            for i in range(4000):
-                store.put(b"k%02d%06d" % (c, i), os.urandom(250))
-            store.commit()
-        expected = _state(store)
+        expected = _three_level_0_files(store)
         blobs.after = 20  # the first 1 MB SST (17 chunks) and a few of the second
         with pytest.raises(sk.StorageError, match="cut off"):
             store.snapshot_now()
