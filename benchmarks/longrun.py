@@ -32,6 +32,7 @@ from typing import Any
 
 import statekeeper as sk
 from statekeeper import layout
+from statekeeper.cli._render import percentile
 from statekeeper.gc import collect_garbage
 from statekeeper.manifest import MANIFEST_GRACE_S
 
@@ -64,11 +65,6 @@ def _manifests(backend: sk.StateBackend) -> dict[str, Any]:
     }
 
 
-def _p(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
-
-
 def run(commits: int, window: int, keys_per_commit: int, workdir: Path) -> dict[str, Any]:
     failed = _FailedSnapshots()
     logging.getLogger("statekeeper").addHandler(failed)
@@ -90,8 +86,8 @@ def run(commits: int, window: int, keys_per_commit: int, workdir: Path) -> dict[
                 backend.wait_for_snapshots()
                 row = {"after_commits": v, **_manifests(backend)}
                 row["failed_snapshots"] = failed.count
-                row["commit_p50_ms"] = _p(latencies, 0.5)
-                row["commit_p99_ms"] = _p(latencies, 0.99)
+                row["commit_p50_ms"] = round(percentile(latencies, 50), 2)
+                row["commit_p99_ms"] = round(percentile(latencies, 99), 2)
                 windows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 latencies = []

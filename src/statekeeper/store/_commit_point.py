@@ -278,7 +278,16 @@ class CommitPoint:
             while True:
                 manifest = newest if newest is not None else self._newest()
                 newest = None
-                adopted = self._identical(manifest, version, columns, parent, owner)
+                try:
+                    adopted = self._identical(manifest, version, columns, parent, owner)
+                except StateNotFoundError:
+                    # The manifest read was already stale: a newer one moved the base past
+                    # the version and GC deleted its blob. Decide again on the newest; a
+                    # blob the newest still names is missing indeed, and not hidden.
+                    newest = self._newest()
+                    if _blob_of(newest, version) == _blob_of(manifest, version):
+                        raise
+                    continue
                 if adopted is None:
                     return None
                 if order > manifest.fence:
@@ -315,34 +324,25 @@ class CommitPoint:
         if not owns(owner, entry):
             return None
         key = entry.blob
-        try:
-            if not self._holds(key, version, columns):
-                return None
-        except StateNotFoundError:
-            # GC deleted the blob after a newer manifest than ``manifest`` moved the base
-            # past the version: it is final, and the commit refused. A blob the newest
-            # manifest still names is missing indeed: that is not hidden.
-            newest = self._newest().entry(version)
-            if newest is not None and newest.blob == key:
-                raise
-            _log.info("version %s of %s was collected meanwhile: not adopted", version, key)
-            return None
-        _log.info("version %s already committed with identical content: accepted", key)
-        return entry.attempt
-
-    def _holds(self, key: str, version: int, columns: Columns) -> bool:
-        """Whether changelog ``key`` holds exactly ``columns``, built on ``version - 1``."""
         length = prefix_length(self._config)
         first = self._blobs.get_range(key, 0, length)
         parts = changelog_parts(self._blobs, key, first=first, length=length)
         done = 0
         for part in parts:  # a part at a time: the blob may be larger than memory allows
             if part.header.base_version != version - 1:
-                return False
+                return None
             if part.records != columns.records(done, done + len(part.records)):
-                return False
+                return None
             done += len(part.records)
-        return done == len(columns)
+        if done != len(columns):
+            return None
+        _log.info("version %s already committed with identical content: accepted", key)
+        return entry.attempt
+
+
+def _blob_of(manifest: StoreManifest, version: int) -> str | None:
+    entry = manifest.entry(version)
+    return None if entry is None else entry.blob
 
 
 def check_order(order: object) -> Order:
