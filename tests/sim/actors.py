@@ -204,8 +204,15 @@ class Actor:
             page_size=self.scenario.page_size,
             lose_put=self.scenario.lose_put,
             on_change=self.world.changed,
+            on_manifest=self._manifest_written,
             age_s=self.scenario.blob_age_s,
         )
+
+    def _manifest_written(self) -> None:
+        """A manifest put of this actor took effect: a commit in flight may have taken effect
+        now, whenever it returns (see :meth:`Model.took_effect`)."""
+        for attempt in self.inflight:
+            self.model.took_effect(attempt)
 
     def held_stores(self) -> list[sk.StateStore]:
         """Stores this actor holds open (abandoned if it dies)."""

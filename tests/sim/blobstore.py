@@ -56,6 +56,7 @@ class SimBlobStore:
         page_size: int | None = None,
         lose_put: int | None = None,
         on_change: Callable[[str], None] | None = None,
+        on_manifest: Callable[[], None] | None = None,
         age_s: float = 0.0,
     ) -> None:
         self._sim = sim
@@ -64,6 +65,9 @@ class SimBlobStore:
         # Told of every call that reached the store and may have changed the root, whatever
         # it returned: "put", "sweep", "delete" (done) or "failed delete".
         self._on_change = on_change
+        # Told when a manifest put of this view took effect (whatever it then returned):
+        # the moment a commit of its actor took effect, which may be well before it returns.
+        self._on_manifest = on_manifest
         self._inner = inner
         self._uri = inner.uri  # named in every call's error message: built once
         self._page_size = page_size
@@ -92,6 +96,8 @@ class SimBlobStore:
                 self._inner.put(key, data, overwrite=overwrite, if_match=if_match)
             finally:
                 self._changed("put")
+            if self._on_manifest is not None and layout.parse_manifest_key(key) is not None:
+                self._on_manifest()
 
         put_with_retry(
             RETRY,

@@ -121,6 +121,14 @@ class Model:
         """The same attempt commits again (a retry after a storage error)."""
         attempt.status = "inflight"
 
+    def took_effect(self, attempt: Attempt) -> None:
+        """A manifest put of ``attempt``'s commit took effect: the commit decided now. What it
+        may return is judged as of now too (:meth:`end`): a commit that landed, then spent a
+        while on its metrics (retried), returns after a newer attempt may have committed,
+        and was right to land all the same."""
+        if attempt.status == "inflight":
+            attempt.effect_outcomes = self._allowed(attempt)
+
     def end(self, attempt: Attempt, outcome: str) -> None:
         """Record how a commit returned: ``"ack"``, ``"conflict"`` or ``"unknown"``.
 
@@ -151,6 +159,8 @@ class Model:
                 f"but it cannot be that version: {attempt.dropped}"
             )
         allowed = self._allowed(attempt)
+        if outcome == "ack":
+            allowed |= attempt.effect_outcomes & {"ack"}
         if outcome not in allowed:
             what = (
                 "committed although the protocol must refuse it"

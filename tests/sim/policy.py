@@ -61,6 +61,9 @@ class Attempt:
     dropped: str = ""
     """Why the model ruled out that this attempt holds its version (empty: it may)."""
     notes: list[str] = field(default_factory=list)
+    effect_outcomes: frozenset[str] = frozenset()
+    """What its commit could have returned at the moment its last manifest put took effect
+    (empty: none did): the commit decided then, however long it takes to return."""
     owner: str = ""
     """Whom it commits for (a streaming query); empty: anyone's, as every version of a
     scenario without ``queries`` is, and version 0 (the empty store) always."""

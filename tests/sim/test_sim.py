@@ -281,3 +281,14 @@ def test_a_store_built_on_a_maybe_replaced_version_may_be_refused() -> None:
     used to count only attempts known to have landed, and called the refusal a wedge."""
     result = run_seed(SCENARIOS["stale_cached_store"], 271800007)
     assert result.failure is None, result.failure
+
+
+def test_a_commit_that_landed_before_a_newer_attempt_committed_may_return_after_it() -> None:
+    """Seed 1280000235: an old run's commit of version 3 lands (its manifest put), then its
+    metrics put fails after taking effect and is retried; meanwhile the new run (a newer
+    order) adopts version 1 and is acknowledged. The old commit then returns its ack, right:
+    it had decided before the newer attempt committed. The model judged a commit by what it
+    knew when the commit returned, and called the ack a zombie's (found by a soak of 27,000
+    seeds from 1280000000); it now judges it as of its last manifest put that took effect."""
+    result = run_seed(SCENARIOS["one_query_runs_twice"], 1280000235)
+    assert result.failure is None, result.failure
