@@ -3,11 +3,13 @@ gc, then check the invariants of ARCHITECTURE §5."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
-import subprocess
-import sys
+import signal
 import time
+import traceback
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import pytest
@@ -68,23 +70,64 @@ def scenario(backend: sk.StateBackend, ack: list[int]) -> None:
         for _ in range(2):
             apply(store, store.version + 1)
             ack.append(store.commit().version)
-            print("ack", ack[-1], flush=True)
             store.snapshot_now()
     backend.gc()
 
 
-CHILD = r"""
-import sys
-sys.path.insert(0, sys.argv[4])
-import statekeeper as sk
-from statekeeper.storage import LocalBlobStore
-from tests.blobstores import FaultyBlobStore, RecordingBlobStore
-from tests.store.test_faults import config, scenario
-blobs = FaultyBlobStore(LocalBlobStore(sys.argv[1]), fail_at=int(sys.argv[3]), kind="kill")
-backend = sk.StateBackend(blobs, config=config(sys.argv[2]))
-scenario(backend, [])
-print("DONE", blobs.seen, flush=True)
-"""
+class _SentAcks(list[int]):
+    """Acknowledged versions, each also sent to the parent as it is acknowledged (the child
+    may be killed at the next call)."""
+
+    def __init__(self, conn: Connection) -> None:
+        super().__init__()
+        self._conn = conn
+
+    def append(self, version: int) -> None:
+        super().append(version)
+        self._conn.send(("ack", version))
+
+
+def _run_killed_at(root: str, local: str, fail_at: int, conn: Connection) -> None:
+    """The child of the kill walk: the scenario, SIGKILLed at blob call ``fail_at``."""
+    try:
+        blobs = FaultyBlobStore(LocalBlobStore(root), fail_at=fail_at, kind="kill")
+        backend = sk.StateBackend(blobs, config=config(local))
+        scenario(backend, _SentAcks(conn))
+        conn.send(("done", blobs.seen))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        raise
+
+
+_FORKS = multiprocessing.get_context("forkserver")
+"""Children forked from a server that imported statekeeper and this module once: a kill
+point costs the scenario, not an interpreter's start and imports (a third of a second each,
+most of the walk's time as subprocesses)."""
+_FORKS.set_forkserver_preload(["statekeeper", __name__])
+
+
+def _killed_run(root: Path, local: Path, fail_at: int) -> tuple[list[int], bool, int | None]:
+    """Run the scenario in a child killed at blob call ``fail_at``: the versions it
+    acknowledged, whether it reached the end, and its exit code."""
+    ours, theirs = _FORKS.Pipe(duplex=False)
+    child = _FORKS.Process(target=_run_killed_at, args=(str(root), str(local), fail_at, theirs))
+    child.start()
+    theirs.close()
+    acks, done, error = [], False, ""
+    try:
+        while True:  # until the child's end closes: it finished, failed or was killed
+            kind, value = ours.recv()
+            if kind == "ack":
+                acks.append(value)
+            elif kind == "done":
+                done = True
+            else:
+                error = value
+    except EOFError:
+        pass
+    child.join(timeout=120)
+    assert not error, error
+    return acks, done, child.exitcode
 
 
 @pytest.fixture(scope="module")
@@ -149,15 +192,8 @@ def test_kill_at_every_call_keeps_every_invariant(template: Path, tmp_path: Path
     for fail_at in range(1, 200):
         work = tmp_path / f"n{fail_at}"
         copy_template(template, work / "root")
-        child = subprocess.run(
-            [sys.executable, "-c", CHILD, str(work / "root"), str(work / "local"),
-             str(fail_at), str(Path(__file__).parents[2])],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        lines = child.stdout.split("\n")
-        acks = [int(line.split()[1]) for line in lines if line.startswith("ack")]
-        done = any(line.startswith("DONE") for line in lines)
-        assert done or child.returncode == -9, child.stderr[-3000:]
+        acks, done, code = _killed_run(work / "root", work / "local", fail_at)
+        assert done or code == -signal.SIGKILL, f"exit code {code}"
         check_invariants(work / "root", work, acks[-1] if acks else 12)
         shutil.rmtree(work)
         if done:
