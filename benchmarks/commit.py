@@ -65,6 +65,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from _output import emit
 from release import RELEASE_0_1, extract
 
 import statekeeper as sk
@@ -317,11 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "targets": {"p50_ratio_max": 1.3, "upload_to_raw_ratio_max": 1.2},
     }
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(summary, args.out)
     return 0
 
 

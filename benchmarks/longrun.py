@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _output import emit
+
 import statekeeper as sk
 from statekeeper import layout
 from statekeeper.cli._render import percentile
@@ -149,11 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         "conditions": "local filesystem root, one store, one process; commit latency per window",
         **results,
     }
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(summary, args.out)
     return 0
 
 

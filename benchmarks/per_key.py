@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import os
 import pstats
 import statistics
@@ -43,6 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd  # type: ignore[import-untyped]
 import pyarrow as pa  # type: ignore[import-untyped]
+from _output import emit
 
 import statekeeper as sk
 from statekeeper.spark import StatefulProcessor
@@ -264,11 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         **({"arrow": arrow} if arrow is not None else {}),
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(summary, args.out)
     return 0
 
 

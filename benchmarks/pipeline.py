@@ -77,6 +77,7 @@ import numpy as np
 import pandas as pd  # type: ignore[import-untyped]
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
+from _output import emit
 
 PARTITIONS = 4
 MASTER = "local[2]"
@@ -816,11 +817,7 @@ def main(argv: list[str] | None = None) -> int:
         **outcome,
         "total_s": round(time.perf_counter() - started, 1),
     }
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(summary, args.out)
     _log("all variants agree" if outcome["all_agree"] else "VARIANTS DISAGREE")
     return 0 if outcome["all_agree"] else 1
 

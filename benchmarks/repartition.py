@@ -24,7 +24,6 @@ plain restore.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -33,6 +32,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from _output import emit
 
 import statekeeper as sk
 from statekeeper.keyed._layout import (
@@ -216,11 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "results": results,
     }
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(summary, args.out)
     print("done", file=sys.stderr)
     return 0
 

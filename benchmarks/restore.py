@@ -23,7 +23,6 @@ one run:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import platform
@@ -32,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _output import emit
 
 import statekeeper as sk
 from statekeeper.storage import open_blob_store
@@ -188,11 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "results": results,
     }
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(summary, args.out)
     print("done", file=sys.stderr)
     return 0
 

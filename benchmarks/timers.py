@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
+from _output import emit
 
 import statekeeper as sk
 from statekeeper.keyed import StatefulProcessor, encode_key, group_prefix
@@ -229,11 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             results[-1]["find_ms_p50"] / results[0]["find_ms_p50"], 2
         ),
     }
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(summary, args.out)
     return 0
 
 
