@@ -24,7 +24,7 @@ from statekeeper.errors import StateKeeperError
 from statekeeper.store import _label, _rocks, _working_copy
 from statekeeper.store._label import decode_undo, encode_undo, pack_label, parse_label
 from statekeeper.store._rocks import SHARED_MEMORY, SharedMemory
-from statekeeper.store._working_copy import WorkingCopy, remove_unused_copy
+from statekeeper.store._working_copy import WorkingCopy, remove_unused_copy, upload_journal_path
 
 ROOT = "r" * 32
 
@@ -567,6 +567,8 @@ def test_an_unused_copy_is_removed_with_what_lies_beside_it(tmp_path: Path) -> N
     copy = _copy(tmp_path)
     _at_v2(copy)
     copy.set_lineage("ckpt", 2)
+    journal = upload_journal_path(copy.path)
+    journal.write_text("{}\n")
     os.makedirs(f"{copy.path}.checkpoints/stale")
     assert not remove_unused_copy(copy.path)  # open in this process
     assert os.path.isdir(copy.path)
@@ -576,11 +578,25 @@ def test_an_unused_copy_is_removed_with_what_lies_beside_it(tmp_path: Path) -> N
     assert remove_unused_copy(copy.path)
     assert not os.path.exists(copy.path)
     assert not os.path.exists(copy.lineage_path)
+    assert not journal.exists()
     assert not os.path.exists(f"{copy.path}.checkpoints")
     assert Path(lock).read_text() == "kept"  # lock files are never deleted
     fresh = _copy(tmp_path)
     assert (_items(fresh), fresh.version) == ({}, None)  # opens afresh
     fresh.close()
+
+
+def test_a_destroyed_copy_takes_its_lineage_and_upload_journal_with_it(tmp_path: Path) -> None:
+    """A restore that replaces a copy destroys it: a journal of its files would only make
+    the next upload from the new database at that path check files it cannot resume."""
+    copy = _copy(tmp_path)
+    _at_v2(copy)
+    copy.set_lineage("ckpt", 2)
+    upload_journal_path(copy.path).write_text("{}\n")
+    copy.destroy()
+    assert not os.path.exists(copy.path)
+    assert not os.path.exists(copy.lineage_path)
+    assert not upload_journal_path(copy.path).exists()
 
 
 def test_a_copy_open_in_another_process_is_kept(tmp_path: Path) -> None:

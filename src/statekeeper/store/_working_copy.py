@@ -604,10 +604,13 @@ class WorkingCopy:
                     _open_paths.discard(self.path)
 
     def destroy(self) -> None:
-        """Close and delete the working copy directory and its lineage record."""
+        """Close and delete the working copy directory, its lineage record and its upload
+        journal (which names files of this database only)."""
         self.close(flush=False)
         shutil.rmtree(self.path, ignore_errors=True)
         self.set_lineage(None, 0)
+        with contextlib.suppress(FileNotFoundError):
+            upload_journal_path(self.path).unlink()
         _log.debug("removed local working copy %s", self.path)
 
     # -- snapshot lineage -----------------------------------------------------------------
