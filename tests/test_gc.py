@@ -12,6 +12,7 @@ import pytest
 import statekeeper as sk
 from statekeeper import clock, layout
 from statekeeper.epochs import build_manifest, write_manifest
+from statekeeper.manifest import read_newest_manifest
 from statekeeper.snapshot import SnapshotIndex, referenced_blob_ids
 from statekeeper.storage import BlobStore, LocalBlobStore
 from tests.blobstores import (
@@ -366,3 +367,48 @@ def test_gc_keeps_the_versions_each_querys_newest_epoch_manifest_names(tmp_path:
     with pytest.raises(sk.StateNotFoundError, match="version 5"):
         cold.open("op", 0, version=5)
     assert cold.verify(deep=True).ok
+
+
+def test_a_gc_host_whose_clock_runs_behind_stamps_what_it_retires_by_the_store_s_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GC on a host whose clock runs an hour behind moves the base and retires snapshot 10.
+    Its "now" for ages is its own (the earlier clock), but the retirement is stamped no
+    earlier than the store's: a GC on a host with a right clock then keeps snapshot 10
+    named and its index for the whole grace, while a reader may still be restoring from a
+    manifest that named it. Stamped by the slow clock, it looked an hour old and the next
+    run deleted its index at once."""
+    root = str(tmp_path / "root")
+    config = _config(tmp_path, "w", retain_versions=10, orphan_ttl_s=1800)
+    writer = sk.StateBackend(root, config=config)
+    writer._snapshotter.after_upload = None  # no GC but the two below
+    _commit_many(writer, 30)
+    writer.close()
+    before = store_history(writer, "op", 0)
+    assert {10, 20, 30} <= set(before.snapshots)
+
+    monkeypatch.setattr(clock, "wall_clock", lambda: time.time() - 3600)
+    slow = sk.StateBackend(
+        root, config=_config(tmp_path, "slow", retain_versions=10, orphan_ttl_s=1800)
+    )
+    assert slow.gc().stores["op/0"].base == 20
+    monkeypatch.undo()
+    meta = slow.root_metadata()
+    assert meta is not None
+
+    def retired() -> dict[str, int]:
+        manifest = read_newest_manifest(
+            slow.blobs, root_id=meta.root_id, operator="op", partition=0
+        )
+        assert manifest is not None
+        return {r.index_blob: r.time_ms for r in manifest.retired}
+
+    stamps = retired()
+    assert list(stamps) == [before.index_key(10)]
+    assert stamps[before.index_key(10)] >= (time.time() - 60) * 1000  # not an hour behind
+    right = sk.StateBackend(
+        root, config=_config(tmp_path, "right", retain_versions=10, orphan_ttl_s=1800)
+    )
+    assert before.index_key(10) not in right.gc().deleted_keys
+    assert retired() == stamps
+    assert slow.blobs.head(before.index_key(10)).size > 0

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from statekeeper import layout
 from statekeeper.storage import BlobStore
 
-__all__ = ["PROBE_REUSE_S", "gc_now", "latest_now", "store_now", "sweep_probes"]
+__all__ = ["PROBE_REUSE_S", "gc_now", "gc_times", "latest_now", "store_now", "sweep_probes"]
 
 PROBE_REUSE_S = 60.0
 """Seconds one probe of a root's clock is reused for."""
@@ -63,8 +63,19 @@ def latest_now(blobs: BlobStore) -> float:
     Raises:
         StorageError: the probe could not be written or read back.
     """
+    return gc_times(blobs)[1]
+
+
+def gc_times(blobs: BlobStore) -> tuple[float, float]:
+    """:func:`gc_now` and :func:`latest_now`, from one probe: the "now" a GC compares ages
+    with, and the latest any GC can take (what it stamps the snapshots it retires with).
+
+    Raises:
+        StorageError: the probe could not be written or read back.
+    """
     stamped, read_at, late_by = _probe(blobs)
-    return max(wall_clock(), stamped + late_by + (time.monotonic() - read_at))
+    local, since = wall_clock(), time.monotonic() - read_at
+    return min(local, stamped + since), max(local, stamped + late_by + since)
 
 
 def _probe(blobs: BlobStore) -> tuple[float, float, float]:
@@ -95,8 +106,7 @@ def gc_now(blobs: BlobStore, *, probe: bool = True) -> float:
     Raises:
         StorageError: the probe could not be written or read back.
     """
-    local = wall_clock()
-    return min(local, store_now(blobs)) if probe else local
+    return gc_times(blobs)[0] if probe else wall_clock()
 
 
 def sweep_probes(blobs: BlobStore, now: float, *, dry_run: bool = False) -> list[str]:

@@ -50,7 +50,9 @@ another store they name, whatever that store's own manifest says: once a parent'
 snapshots are retired, those blobs may be named by nothing else.
 
 Ages are measured by the blob store's clock (:mod:`statekeeper.clock`): a GC host whose
-clock runs ahead must not take young blobs for old ones.
+clock runs ahead must not take young blobs for old ones. The snapshots a run retires are
+stamped the other way, with the latest "now" any GC can take: a GC host whose clock runs
+behind must not shorten their grace for the runs on other hosts.
 
 An ``orphan_ttl_s`` below :data:`MIN_ORPHAN_TTL_S` is raised to it, with a warning: a blob is
 written before a manifest names it, and a grace shorter than that window would sweep a
@@ -68,7 +70,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from statekeeper import layout
-from statekeeper.clock import gc_now, sweep_probes
+from statekeeper.clock import gc_now, gc_times, sweep_probes
 from statekeeper.config import StoreConfig
 from statekeeper.epochs import pinned_versions
 from statekeeper.errors import (
@@ -189,7 +191,12 @@ def collect_garbage(
     """
     started = time.monotonic()
     updates = {} if updates is None else updates
-    now = gc_now(blobs, probe=not dry_run) if now is None else now
+    latest: tuple[float, float] | None = None
+    if now is None and not dry_run:
+        now, at = gc_times(blobs)
+        latest = (at, time.monotonic())
+    elif now is None:
+        now = gc_now(blobs, probe=False)  # a dry run writes no probe
     config = _clamped(config)
     report = GcReport(dry_run=dry_run)
     pins = pinned_versions(blobs)
@@ -203,7 +210,7 @@ def collect_garbage(
             pin = pins.get((operator, partition))
             where = _Store(
                 blobs, config, operator, partition, root_id, now, dry_run, pin, shared,
-                updates.get((operator, partition)),
+                updates.get((operator, partition)), latest,
             )  # fmt: skip
             if any(layout.parse_manifest_key(m.key) is not None for m in metas):
                 store_report, doomed = _plan_manifest_store(where, metas, is_busy)
@@ -340,6 +347,10 @@ class _Store:
     update: ManifestUpdate | None = None
     """How to write the store's next manifest when it is open in this process: through its
     commit point (:meth:`statekeeper.store._commit_point.CommitPoint.update`)."""
+    latest: tuple[float, float] | None = None
+    """The latest "now" any GC could take when this run began, and the monotonic time then
+    (``None``: ``now`` is given, by a test or a dry run): what the snapshots this run
+    retires are stamped with, moved on to the moment they are (:func:`_retired_at`)."""
 
 
 def _plan_manifest_store(
@@ -402,7 +413,7 @@ def _advance_base(st: _Store, manifest: StoreManifest, metas: list[BlobMeta]) ->
     sequence number)."""
     present = {m.key for m in metas}
     checked: set[str] = set()
-    now_ms = int(st.now * 1000)
+    now_ms = _retired_at(st)
     forget = int((st.now - st.config.orphan_ttl_s) * 1000)
 
     def advanced(m: StoreManifest) -> StoreManifest | None:
@@ -438,6 +449,18 @@ def _advance_base(st: _Store, manifest: StoreManifest, metas: list[BlobMeta]) ->
             continue
         return new
     return manifest
+
+
+def _retired_at(st: _Store) -> int:
+    """When snapshots retired now stopped being named, in ms: the latest "now" any GC can
+    take (:func:`statekeeper.clock.latest_now`), from the run's probe. Every later run, on
+    any host, measures their grace from this stamp while a reader may still be restoring
+    from a manifest that named them: a stamp by a clock that runs behind (``now`` takes the
+    earlier of this host's and the store's) would shorten it for the others."""
+    if st.latest is None:
+        return int(st.now * 1000)
+    at, taken = st.latest
+    return int((at + time.monotonic() - taken) * 1000)
 
 
 def _new_base(
