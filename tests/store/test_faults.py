@@ -3,12 +3,14 @@ gc, then check the invariants of ARCHITECTURE §5."""
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import shutil
 import signal
 import time
 import traceback
+from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -213,17 +215,17 @@ def _calls_of_scenario(template: Path, tmp: Path) -> int:
     return len(blobs.calls)
 
 
-@pytest.mark.parametrize("kind", ["transient", "permanent"])
-def test_failure_at_every_call_keeps_every_invariant(
-    template: Path, tmp_path: Path, kind: str
-) -> None:
-    total = _calls_of_scenario(template, tmp_path / "count")
-    raised = 0
-    for fail_at in range(1, total + 1):
-        work = tmp_path / f"{kind}{fail_at}"
+def _fail_at(template: Path, tmp: Path, kind: str, fail_at: int) -> bool:
+    """One point of the failure walk, in a worker process that carries on after it, as the
+    process of a failed call would: the scenario with blob call ``fail_at`` failing, the
+    invariants, then the scenario again and the invariants. True if the failure reached
+    the caller (else it was absorbed, e.g. an expired index gc skips)."""
+    try:
+        work = tmp / f"{kind}{fail_at}"
         copy_template(template, work / "root")
         blobs = FaultyBlobStore(LocalBlobStore(str(work / "root")), fail_at=fail_at, kind=kind)
         acks: list[int] = []
+        raised = False
         try:
             backend = sk.StateBackend(blobs, config=config(str(work / "local")))
             try:
@@ -231,14 +233,28 @@ def test_failure_at_every_call_keeps_every_invariant(
             finally:
                 backend.close()
         except sk.StorageError:
-            raised += 1  # else the failure was absorbed (e.g. an expired index gc skips)
+            raised = True
         assert blobs.seen >= fail_at
         check_invariants(work / "root", work, acks[-1] if acks else 12)
-        # the same process carries on after the failure: the next run completes
         retry = sk.StateBackend(str(work / "root"), config=config(str(work / "local")))
         scenario(retry, acks)
         retry.close()
         check_invariants(work / "root", work, acks[-1])
         shutil.rmtree(work)
+    except AssertionError as exc:
+        # The pool re-raises it here with the worker's traceback as its cause.
+        raise AssertionError(f"{kind} failure at call {fail_at}: {exc}") from exc
+    return raised
+
+
+@pytest.mark.parametrize("kind", ["transient", "permanent"])
+def test_failure_at_every_call_keeps_every_invariant(
+    template: Path, tmp_path: Path, kind: str
+) -> None:
+    total = _calls_of_scenario(template, tmp_path / "count")
+    # The points are independent: two at a time, one per core.
+    walk = functools.partial(_fail_at, template, tmp_path, kind)
+    with ProcessPoolExecutor(max_workers=2, mp_context=_FORKS) as pool:
+        raised = sum(pool.map(walk, range(1, total + 1)))
     assert raised > 30
     print(f"{kind} failure points tried: {total}, raised to the caller: {raised}")
