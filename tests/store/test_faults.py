@@ -116,8 +116,12 @@ def _killed_run(root: Path, local: Path, fail_at: int) -> tuple[list[int], bool,
     child.start()
     theirs.close()
     acks, done, error = [], False, ""
+    deadline = time.monotonic() + 120
     try:
         while True:  # until the child's end closes: it finished, failed or was killed
+            if not ours.poll(max(0.0, deadline - time.monotonic())):
+                child.kill()
+                raise AssertionError(f"the child killed at call {fail_at} hung for 120 s")
             kind, value = ours.recv()
             if kind == "ack":
                 acks.append(value)
