@@ -28,7 +28,7 @@ from collections.abc import Callable
 from statekeeper import layout
 from statekeeper.storage import BlobStore
 
-__all__ = ["PROBE_REUSE_S", "gc_now", "gc_times", "latest_now", "store_now", "sweep_probes"]
+__all__ = ["PROBE_REUSE_S", "gc_now", "gc_times", "latest_now", "sweep_probes"]
 
 PROBE_REUSE_S = 60.0
 """Seconds one probe of a root's clock is reused for."""
@@ -41,17 +41,6 @@ _STAMP_RESOLUTION_S = 1.0  # S3 truncates stamps to the second
 
 wall_clock: Callable[[], float] = time.time
 """This host's clock (seconds since the epoch); replaced by tests to skew it."""
-
-
-def store_now(blobs: BlobStore) -> float:
-    """Now by the clock of ``blobs``, never later than it (a fresh probe, or one reused for
-    :data:`PROBE_REUSE_S` seconds).
-
-    Raises:
-        StorageError: the probe could not be written or read back.
-    """
-    stamped, read_at, _ = _probe(blobs)
-    return stamped + (time.monotonic() - read_at)
 
 
 def latest_now(blobs: BlobStore) -> float:
@@ -101,7 +90,8 @@ def _probe(blobs: BlobStore) -> tuple[float, float, float]:
 
 def gc_now(blobs: BlobStore, *, probe: bool = True) -> float:
     """The "now" GC compares ages with: the earlier of this host's clock and the store's
-    (:func:`store_now`); with ``probe`` false (a dry run writes nothing), this host's.
+    (the probe's stamp, moved on by the monotonic clock: never later than the store's);
+    with ``probe`` false (a dry run writes nothing), this host's.
 
     Raises:
         StorageError: the probe could not be written or read back.
