@@ -14,6 +14,7 @@ import pytest
 
 import statekeeper as sk
 from statekeeper import layout
+from statekeeper.manifest import decode_manifest
 from statekeeper.snapshot import SnapshotIndex, iter_files
 from statekeeper.storage import BlobStore, LocalBlobStore, open_blob_store
 from tests.blobstores import RecordingBlobStore, store_history
@@ -357,7 +358,11 @@ def test_a_store_and_its_background_snapshots_never_race_for_a_manifest(
     write is ever refused, no commit has to list the manifests again, and the manifest
     keeps to the retained versions. Racing through the blob store instead, registrations
     and base moves lost to a commit every few milliseconds until they gave up, and the
-    retained versions (and every manifest with them) grew without bound."""
+    retained versions (and every manifest with them) grew without bound.
+
+    How far the base gets while the loop runs depends on how fast the uploads are (one
+    still uploading makes the next commits skip theirs): the test checks that it moved, and
+    that one more GC takes it exactly to the newest registered snapshot it may."""
     blobs = RecordingBlobStore(LocalBlobStore(str(tmp_path / "root")))
     config = _config(tmp_path, "w", snapshot_every=2, retain_versions=4)
     backend = sk.StateBackend(blobs, config=config)
@@ -370,9 +375,22 @@ def test_a_store_and_its_background_snapshots_never_race_for_a_manifest(
     written = [key for op, key in blobs.calls if op == "put" and key.startswith(prefix)]
     assert len(written) == len(set(written))  # no create-only manifest write was refused
     assert len(written) == len(blobs.list(prefix))
-    history = store_history(backend, "op", 0)
-    assert history.manifest is not None
-    assert history.manifest.base >= 50  # GC moved the base along
+    manifest = store_history(backend, "op", 0).manifest
+    assert manifest is not None
+    assert manifest.latest == 60
+    assert manifest.base > 0  # GC moved the base along while the store committed
+    registered = {
+        s.version
+        for key in written
+        for s in decode_manifest(
+            blobs.get(key), blob=key, root_id=manifest.root_id, operator="op", partition=0
+        ).snapshots
+    }
+    backend.gc()
+    manifest = store_history(backend, "op", 0).manifest
+    assert manifest is not None
+    assert manifest.base == max(v for v in registered if v <= 60 - 4 + 1)
+    assert [e.version for e in manifest.versions] == list(range(manifest.base + 1, 61))
     backend.close()
 
 
