@@ -183,7 +183,8 @@ def test_partition_count_is_recorded_and_checked(backend: sk.StateBackend, tmp_p
 
 def test_root_of_newer_format_is_refused_clearly(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    sk.StateBackend(str(root)).open("op", 0, partitions=1).close()
+    config = sk.StoreConfig(local_dir=str(tmp_path / "local"))
+    sk.StateBackend(str(root), config=config).open("op", 0, partitions=1).close()
     path = root / layout.ROOT_METADATA
     doc = json.loads(path.read_text())
     doc["formatVersion"] = 99
