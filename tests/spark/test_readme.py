@@ -12,6 +12,7 @@ import dataclasses
 import json
 import re
 import shlex
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -58,8 +59,16 @@ def run_cli(args: list[str]) -> None:
 
 
 def test_readme_examples_and_commands(
-    spark_holder: SparkHolder, tmp_path: Path, s3_root: tuple[str, dict[str, str]]
+    spark_holder: SparkHolder,
+    tmp_path: Path,
+    s3_root: tuple[str, dict[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The examples that open stores in this process keep the default `local_dir`, the
+    # system temp dir's `statekeeper/` (README's configuration table): the test's own here.
+    system_tmp = tmp_path / "system-tmp"
+    system_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
     events = tmp_path / "events"
     events.mkdir()
     rows = [{"user": f"u{i % 7}", "page": f"/p{i % 3}"} for i in range(50)]
@@ -74,6 +83,7 @@ def test_readme_examples_and_commands(
         code = code.replace('storage_options={"region": "eu-west-1"}', "storage_options=OPTIONS")
         namespace["OPTIONS"] = options
         exec(compile(code, "README.md", "exec"), namespace)
+    assert list((system_tmp / "statekeeper").iterdir())  # the default local_dir was used
     counts = spark_holder.get().read.parquet(str(tmp_path / "counts"))
     latest = counts.groupBy("user").max("count").collect()
     assert {r["user"]: r["max(count)"] for r in latest} == {
