@@ -73,9 +73,10 @@ class CommitInfo:
     commit, writes it on a helper thread after it returns, so this is the wait for the
     previous commit's write, if still running; a commit of several parts writes its own)
     and ``other`` (the rest), which add up to ``duration_s``; a snapshot-mode commit reports
-    ``snapshot`` for its upload, a changelog-mode commit for scheduling a background one. Every ``metrics_every`` commits, ``metrics`` is the write
-    of the buffered commit metrics, which follows the recorded duration (a commit cannot
-    record its own recording)."""
+    ``snapshot`` for its upload, a changelog-mode commit for scheduling a background one.
+    Every ``metrics_every`` commits, ``metrics`` is the write of the buffered commit
+    metrics, which follows the recorded duration (a commit cannot record its own
+    recording)."""
 
 
 @dataclass(frozen=True)
