@@ -136,9 +136,11 @@ def test_an_idle_store_is_closed_durably_before_spark_would_end_its_worker(
         lease.store.commit()
         cache.release(lease, ok=True)
         assert cache.open_keys() != []  # kept open for the next task meanwhile
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while cache.open_keys() and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert cache.open_keys() == []  # the janitor took it out to close it
+        cache.close_all()  # waits for the close the janitor started
         _assert_closed_and_durable(cache, spec, lease)
     finally:
         cache.close_all()

@@ -313,15 +313,7 @@ class StoreCache:
         while True:
             self._wake.wait(_JANITOR_POLL_S)
             self._wake.clear()
-            for entry in self._doomed(time.monotonic()):
-                # Each on a thread of its own: a store waiting for its snapshot upload must
-                # not hold up the handover of another.
-                thread = threading.Thread(
-                    target=_shutdown_logged, args=(entry,), name="statekeeper-handover"
-                )
-                with self._mutex:
-                    self._closing = [t for t in self._closing if t.is_alive()] + [thread]
-                thread.start()
+            self._close_doomed(time.monotonic())
             if time.monotonic() - last_sweep >= _SWEEP_EVERY_S:
                 last_sweep = time.monotonic()
                 try:
@@ -329,9 +321,13 @@ class StoreCache:
                 except (StateKeeperError, OSError):
                     _log.exception("could not sweep unused local working copies")
 
-    def _doomed(self, now: float) -> list[_Entry]:
-        """Take out of the cache the idle stores to close now: asked for by another
-        process, idle too long, or the least recently used beyond the open-store budget."""
+    def _close_doomed(self, now: float) -> None:
+        """Take out of the cache the idle stores to close now (asked for by another
+        process, idle too long, or the least recently used beyond the open-store budget)
+        and close each on a thread of its own: a store waiting for its snapshot upload must
+        not hold up the handover of another. The threads start in the same hold of the
+        mutex that takes the stores out, so :meth:`close_all` never misses a close under
+        way."""
         doomed: list[_Entry] = []
         keep: list[_Entry] = []
         with self._mutex:
@@ -346,9 +342,16 @@ class StoreCache:
             doomed += over
             for entry in doomed:
                 del self._entries[entry.key]
+            threads = [
+                threading.Thread(target=_shutdown_logged, args=(e,), name="statekeeper-handover")
+                for e in doomed
+            ]
+            if threads:
+                self._closing = [t for t in self._closing if t.is_alive()] + threads
+                for thread in threads:
+                    thread.start()
         if over:
             _log.debug("closing %s idle stores beyond max_open_stores=%s", len(over), budget)
-        return doomed
 
     def sweep_local_copies(self, now: float | None = None) -> list[str]:
         """Delete the working copies of the roots this worker served that no task has used
