@@ -59,9 +59,18 @@ def worker_memory() -> tuple[int, ...]:
     return (os.getpid(), hwm_kb, len(CACHE.open_keys()), *SHARED_MEMORY.usage())
 
 
+def keep_idle_stores_open() -> None:
+    """This worker's cache closes no store for being idle: the test measures every store
+    open, and under load a store's idle time between batches nears ``IDLE_CLOSE_S``."""
+    from statekeeper.spark._cache import CACHE
+
+    CACHE._idle_close_s = float("inf")
+
+
 def fill_and_report(store: PartitionStore, batches: Iterator[Any]) -> Iterator[Any]:
     """Put a fresh VALUE_BYTES value under every input row's key, then report this worker's
     memory (its peak so far includes the earlier tasks' commits)."""
+    keep_idle_stores_open()
     rows = 0
     for batch in batches:
         keys = store.state_keys(batch, ["k"])
@@ -77,6 +86,7 @@ def fill_and_report(store: PartitionStore, batches: Iterator[Any]) -> Iterator[A
 def probe(batches: Iterator[Any]) -> Iterator[Any]:
     """Runs in whichever idle Python worker takes the task (``mapInArrow``, as the query's
     tasks: Spark keeps separate worker pools for RDD and SQL Python functions)."""
+    keep_idle_stores_open()
     for _ in batches:
         pass
     memory = worker_memory()
@@ -102,7 +112,8 @@ def _write_input(folder: Path) -> None:
 @pytest.fixture(scope="module")
 def fresh_workers(spark_holder: SparkHolder) -> Iterator[SparkHolder]:
     """A new SparkSession, so the Python workers' peaks are this query's alone; the test
-    module's functions travel by value (workers cannot import the tests package)."""
+    module's functions travel by value (workers cannot import the tests package). Its
+    workers keep idle stores open for good, so the next module gets new ones."""
     spark_holder.restart()
     module = sys.modules[__name__]
     cloudpickle.register_pickle_by_value(module)
@@ -110,6 +121,7 @@ def fresh_workers(spark_holder: SparkHolder) -> Iterator[SparkHolder]:
         yield spark_holder
     finally:
         cloudpickle.unregister_pickle_by_value(module)
+        spark_holder.stop()
 
 
 def test_200_partitions_in_one_executor_stay_within_the_rss_budget(
