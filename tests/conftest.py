@@ -12,9 +12,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from hypothesis import settings
 
 if TYPE_CHECKING:
     from tests.storage.emulators import Azurite, FakeGcs
+
+# Property tests share one process with Spark and pandas: an example slowed by the machine
+# (a garbage-collection pause, a loaded CI runner) must not fail on time, which is the
+# benchmarks' business. Examples that failed are kept in .hypothesis/ (ignored by git).
+settings.register_profile("statekeeper", deadline=None)
+settings.load_profile("statekeeper")
 
 # Fake credentials of the moto server; moto accepts any.
 S3_ACCESS_KEY = "testing"

@@ -72,7 +72,6 @@ _raw_commit = st.tuples(
 
 @settings(
     max_examples=25,
-    deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(commits=st.lists(_raw_commit, min_size=1, max_size=7), data=st.data())
@@ -275,7 +274,6 @@ def _as_read(decoded: Decoded) -> tuple[list[Any], list[Any]]:
 
 @settings(
     max_examples=25,
-    deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(batches=st.lists(_batch, min_size=1, max_size=6), data=st.data())

@@ -310,7 +310,7 @@ def test_two_writers_racing_for_one_manifest_cannot_both_win(tmp_path: Path) -> 
 Step = tuple[int, int]  # (how far back the attempt loaded, its generation)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 3)), max_size=30))
 def test_any_history_keeps_one_linear_chain_and_never_lets_an_older_order_win(
     steps: list[Step],

@@ -62,9 +62,9 @@ GOLDEN_ZSTD = bytes.fromhex(
     "ffff000000016400000000ffffffff"
 )
 
-# No example database (it would be written into the repository) and no deadline (timings
-# are never asserted in unit tests).
-quiet = settings(database=None, deadline=None)
+# No example database (it would be written into the repository; no deadline for any
+# property test: tests/conftest.py).
+quiet = settings(database=None)
 keys = st.binary(min_size=1, max_size=40)
 values = st.one_of(st.none(), st.binary(max_size=200))
 record_lists = st.lists(st.tuples(keys, values), max_size=60)

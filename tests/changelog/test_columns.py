@@ -32,7 +32,7 @@ def _framed(records: list[tuple[bytes, bytes | None]]) -> bytes:
     return b"".join(out) + struct.pack(">i", -1)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(records=_records_strategy, data=st.data())
 def test_every_range_frames_counts_and_slices_as_its_records(
     records: list[tuple[bytes, bytes | None]], data: st.DataObject
@@ -74,7 +74,7 @@ def test_framing_stays_exact_when_the_packed_lengths_are_dropped(
     assert columns.frame(10, 50) == _framed(records[10:50])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(records=_records_strategy, part_size=st.integers(min_value=4, max_value=2000))
 def test_split_runs_are_the_bodies_of_consecutive_records_up_to_the_part_size(
     records: list[tuple[bytes, bytes | None]], part_size: int

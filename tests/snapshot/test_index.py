@@ -207,7 +207,7 @@ def dir_indexes(draw: st.DrawFn, name: str = "", depth: int = 0) -> DirIndex:
     )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(
     root=dir_indexes(),
     version=st.integers(1, 10**19),
@@ -507,7 +507,7 @@ def test_package_all_is_sorted() -> None:
         assert hasattr(snap, name)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(name=st.text(st.characters(codec=None), max_size=12) | st.sampled_from(UNSAFE_NAMES))
 def test_any_accepted_name_is_one_component_below_its_parent(name: str) -> None:
     doc = sample_doc()

@@ -680,7 +680,7 @@ def materialize(root: Path, files: dict[str, tuple[bytes, int]], empty_dirs: lis
             (root / rel).mkdir(parents=True)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
 @given(
     a=file_trees(),
     b=file_trees(),
@@ -775,7 +775,7 @@ def listing(root: Path, skip: Path) -> dict[str, bytes | None]:
     return found
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 @given(tree_spec=hostile_dirs())
 def test_no_index_makes_restore_write_outside_its_target(tree_spec: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory() as tmp, LocalBlobStore(Path(tmp, "box", "root")) as inner:

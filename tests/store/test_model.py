@@ -115,5 +115,5 @@ class StoreMachine(RuleBasedStateMachine):
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-StoreMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+StoreMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30)
 TestStoreModel = StoreMachine.TestCase

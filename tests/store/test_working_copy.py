@@ -217,7 +217,7 @@ def test_multi_get_answers_as_gets_do_whichever_way_it_reads(
 _KEYS = st.binary(min_size=1, max_size=3)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     writes=st.lists(
         st.lists(st.tuples(_KEYS, st.one_of(st.none(), st.binary(max_size=4))), max_size=30),
