@@ -396,6 +396,7 @@ def test_a_store_and_its_background_snapshots_never_race_for_a_manifest(
 
 SLOW_UPLOAD_CHILD = r"""
 import sys, time
+from pathlib import Path
 sys.path.insert(0, sys.argv[3])
 import statekeeper as sk
 from statekeeper.storage import LocalBlobStore
@@ -406,6 +407,8 @@ from tests.store.test_snapshots import _resume_config
 class Slow(RecordingBlobStore):
     def put(self, key, data, **kw):
         if "/files/" in key:
+            if any(p.read_text().strip() for p in Path(sys.argv[2]).rglob("*.uploads.jsonl")):
+                time.sleep(3600)  # a file is journaled: wait here for the parent's SIGKILL
             time.sleep(0.02)
         super().put(key, data, **kw)
 
