@@ -22,7 +22,7 @@ from statekeeper.cli.demo._reference import (
     watermarks_ms,
 )
 from statekeeper.cli.demo._sessionizer import Sessionizer, merge_click
-from statekeeper.cli.demo._workdir import MARKER_FILE, prepare
+from statekeeper.cli.demo._workdir import MARKER_FILE, ROOT_MARKER, prepare
 
 PARTITIONS = 3
 BATCHES = 4
@@ -290,23 +290,37 @@ def test_options_are_checked() -> None:
 
 
 def test_prepare_wipes_an_outside_root_only_if_it_is_the_demos(tmp_path: Path) -> None:
-    """A root outside the demo folder that holds only the demo's operator is emptied; one
-    that holds another operator is refused and kept."""
+    """A root outside the demo folder is wiped only if the demo marked it as its own and it
+    holds nothing but the demo's operator. A real pipeline's root whose operator is named
+    like the demo's ("sessions", as in the README) is refused and kept."""
     root = tmp_path / "root"
     config = StoreConfig(local_dir=str(tmp_path / "copies"))
     with StateBackend(str(root), config=config) as backend:
         backend.register("sessions", 2)
         with backend.open("sessions", 0) as store:
-            store.put(b"k", b"v")
+            store.put(b"k", b"important")
             store.commit()
     options = DemoOptions(directory=str(tmp_path / "demo"), root=str(root))
+    with pytest.raises(DemoError, match=r"holds operators \['sessions'\] and no _demo/root"):
+        prepare(options)
+    with StateBackend(str(root), config=config) as backend, backend.open("sessions", 0) as store:
+        assert store.get(b"k") == b"important"  # nothing was deleted
+
+    demo_root = tmp_path / "demo-root"
+    options = DemoOptions(directory=str(tmp_path / "demo"), root=str(demo_root))
+    prepare(options)  # an empty root: the demo marks it as its own
+    with StateBackend(str(demo_root), config=config) as backend:
+        assert [m.key for m in backend.blobs.list("")] == [ROOT_MARKER]
+        with backend.open("sessions", 0, partitions=2) as store:  # what a demo run writes
+            store.put(b"k", b"v")
+            store.commit()
     with pytest.raises(DemoError, match="previous demo run"):
-        prepare(DemoOptions(directory=str(tmp_path / "demo"), root=str(root), fresh=False))
+        prepare(DemoOptions(directory=str(tmp_path / "demo"), root=str(demo_root), fresh=False))
     prepare(options)
-    with StateBackend(str(root), config=config) as backend:
-        assert backend.blobs.list("") == []
+    with StateBackend(str(demo_root), config=config) as backend:
+        assert [m.key for m in backend.blobs.list("")] == [ROOT_MARKER]
         backend.register("counts", 1)
     with pytest.raises(DemoError, match=r"operators \['counts'\]"):
         prepare(options)
-    with StateBackend(str(root), config=config) as backend:
+    with StateBackend(str(demo_root), config=config) as backend:
         assert backend.operators() == {"counts": 1}

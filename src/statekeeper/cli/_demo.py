@@ -48,7 +48,8 @@ _NEEDS = ("pyspark", "pandas", "pyarrow")
     "--root",
     default=None,
     metavar="URI",
-    help="Checkpoint root (a path, s3://, gs://, az://)  [default: DIR/state]",
+    help="Checkpoint root (a path, s3://, gs://, az://); one outside DIR must be empty or "
+    "a root the demo made (marked by a _demo/root blob)  [default: DIR/state]",
 )
 @click.option(
     "--local-dir",

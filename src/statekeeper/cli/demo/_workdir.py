@@ -1,22 +1,27 @@
 """Starting clean: wipe what a previous demo run left, and nothing that is not the demo's.
 
 The demo folder carries a marker file; a non-empty folder without it is refused. A root
-outside the folder (``--root s3://...``) is wiped only if it holds nothing but the demo's
-operator; local working copies given with ``--local-dir`` live in a ``statekeeper-demo``
-folder of their own there.
+outside the folder (``--root s3://...``) carries a marker blob the demo writes into it
+(``_demo/root``: no operator name starts with ``_``): a non-empty root without it is
+refused, since a root of a real pipeline may well hold an operator named like the demo's.
+Local working copies given with ``--local-dir`` live in a ``statekeeper-demo`` folder of
+their own there.
 """
 
 from __future__ import annotations
 
 import shutil
 
+from statekeeper import layout
 from statekeeper.cli.demo._options import OPERATOR, DemoError, DemoOptions, DemoPaths
 from statekeeper.config import StoreConfig
 from statekeeper.store import StateBackend
 
-__all__ = ["MARKER_FILE", "prepare"]
+__all__ = ["MARKER_FILE", "ROOT_MARKER", "prepare"]
 
 MARKER_FILE = ".statekeeper-demo"
+ROOT_MARKER = "_demo/root"
+"""The blob that marks a root outside the demo folder as the demo's own."""
 
 
 def prepare(options: DemoOptions) -> None:
@@ -63,14 +68,24 @@ def _wipe_root(options: DemoOptions, paths: DemoPaths) -> None:
         paths.root, config=config, storage_options=options.storage_options or None
     ) as backend:
         keys = [meta.key for meta in backend.blobs.list("")]
-        if not keys:
-            return
-        others = sorted(set(backend.operators()) - {OPERATOR})
-        if others or not backend.operators():
-            found = f"operators {others}" if others else "files that are not a statekeeper root"
+        if keys and ROOT_MARKER not in keys:
+            found = sorted(backend.operators()) if layout.ROOT_METADATA in keys else None
+            what = f"operators {found}" if found else "files that are not a statekeeper root"
             raise DemoError(
-                f"the root {backend.blobs.uri} holds {found}: the demo only wipes a root that "
-                f"holds nothing but its own operator {OPERATOR!r}; give another --root"
+                f"the root {backend.blobs.uri} holds {what} and no {ROOT_MARKER} marker: the "
+                "demo only wipes a root it created itself; give another --root"
             )
-        _refuse_unless_fresh(options.fresh, f"the root {backend.blobs.uri}")
-        backend.blobs.delete_many(keys)
+        others = sorted(set(backend.operators()) - {OPERATOR}) if keys else []
+        if others:
+            raise DemoError(
+                f"the root {backend.blobs.uri} holds operators {others}: the demo only wipes "
+                f"a root that holds nothing but its own operator {OPERATOR!r}; give another "
+                "--root"
+            )
+        if keys:
+            _refuse_unless_fresh(options.fresh, f"the root {backend.blobs.uri}")
+            backend.blobs.delete_many([k for k in keys if k != ROOT_MARKER])
+            backend.blobs.delete_many([ROOT_MARKER])  # last: a wipe cut short is redone
+        backend.blobs.put(
+            ROOT_MARKER, b"A statekeeper demo root: `statekeeper demo` wipes and rebuilds it.\n"
+        )
