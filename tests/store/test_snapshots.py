@@ -17,6 +17,7 @@ from statekeeper import layout
 from statekeeper.manifest import decode_manifest
 from statekeeper.snapshot import SnapshotIndex, iter_files
 from statekeeper.storage import BlobStore, LocalBlobStore, open_blob_store
+from statekeeper.store._working_copy import WorkingCopy
 from tests.blobstores import RecordingBlobStore, store_history
 
 
@@ -534,3 +535,51 @@ def test_a_snapshot_upload_cut_off_resumes_on_the_local_filesystem_and_s3(
     assert fresh.verify(deep=True).ok
     fresh.close()
     backend.close()
+
+
+def test_a_snapshot_from_another_thread_never_checks_out_half_a_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``backend.snapshot`` from another thread while the store's own thread applies a
+    commit of several changelog parts slice by slice: the copy between the slices holds
+    part of the version, labelled dirty. Checked out then, the snapshot was registered as
+    the version and a fresh host restored 2 of its 201 keys."""
+    config = _config(tmp_path, "w", changelog_part_bytes=64, snapshot_every=1000, io_threads=1)
+    backend = sk.StateBackend(str(tmp_path / "root"), config=config)
+    store = backend.open("op", 0)
+    store.put(b"seed", b"x")
+    store.commit()
+    between_slices, done = threading.Event(), threading.Event()
+    apply = WorkingCopy.apply
+
+    def pausing_apply(self: WorkingCopy, *args: object, **kwargs: object) -> None:
+        apply(self, *args, **kwargs)  # type: ignore[arg-type]
+        if kwargs.get("dirty") and not between_slices.is_set():
+            between_slices.set()
+            assert done.wait(60)
+
+    monkeypatch.setattr(WorkingCopy, "apply", pausing_apply)
+    got: list[object] = []
+
+    def snapshot_from_another_thread() -> None:
+        assert between_slices.wait(60)
+        try:
+            got.append(backend.snapshot("op", 0))
+        finally:
+            done.set()
+
+    other = threading.Thread(target=snapshot_from_another_thread)
+    other.start()
+    store.put_many([(b"k%04d" % i, b"v" * 20) for i in range(200)])
+    info = store.commit()
+    other.join(60)
+    monkeypatch.undo()
+    assert info.version == 2
+    assert got == [None]  # the dirty copy was not checked out
+    store.close()
+    backend.close()
+    fresh = sk.StateBackend(str(tmp_path / "root"), config=_config(tmp_path, "fresh"))
+    with fresh.open("op", 0, 2) as restored:
+        assert len(_state(restored)) == 201
+    assert fresh.verify(deep=True).ok
+    fresh.close()

@@ -245,7 +245,10 @@ class StateBackend:
     def snapshot(self, name: str, partition: int) -> SnapshotMetrics | None:
         """Snapshot the latest version of a store now; ``None`` if that snapshot exists.
 
-        Uses the store's open working copy if this backend has it open, else opens it.
+        Uses the store's open working copy if this backend has it open, else opens it. A
+        store open here belongs to the thread that uses it: call this from that thread.
+        From another, a copy in the middle of a commit is never checked out (``None``),
+        but the snapshot may be of the version before the one being committed.
 
         Raises:
             TypeError, ValueError: a malformed argument.

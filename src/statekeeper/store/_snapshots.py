@@ -113,7 +113,8 @@ class SnapshotJob:
                 with _active_lock:
                     _active.add(path)
                 try:
-                    self._checkpoint = (path, *self.copy.checkpoint(str(path)))
+                    checkpoint = self.copy.checkpoint(str(path), dirty_ok=not self.register)
+                    self._checkpoint = (path, *checkpoint)
                 except StateKeeperError as exc:
                     release_checkpoint(path)
                     _log.info("snapshot of %s/%s skipped: %s", self.operator, self.partition, exc)
@@ -229,7 +230,8 @@ class Snapshotter:
     def run(self, job: SnapshotJob) -> SnapshotMetrics | None:
         """Checkpoint (if not done yet), upload, and register; ``None`` if skipped.
 
-        Skipped when the copy was closed before its checkpoint, or when the store already
+        Skipped when the copy was closed before its checkpoint, or was in the middle of a
+        commit (a registering job never checks out a dirty copy), or when the store already
         has a snapshot of that version.
 
         Raises:

@@ -654,7 +654,9 @@ class StateStore:
         return not future.done()
 
     def snapshot_now(self) -> SnapshotMetrics | None:
-        """Snapshot the committed version now, synchronously; ``None`` if one exists.
+        """Snapshot the committed version now, synchronously; ``None`` if one exists (or
+        the copy is in the middle of a commit: from another thread, see
+        :meth:`StateBackend.snapshot`).
 
         Raises:
             StateKeeperError: the store is closed or failed, or the upload failed.

@@ -508,12 +508,17 @@ class WorkingCopy:
                 f"cannot write to the local working copy {self.path}: {exc}; {disk_note(self.path)}"
             ) from exc
 
-    def checkpoint(self, path: str) -> tuple[int, str]:
+    def checkpoint(self, path: str, *, dirty_ok: bool = False) -> tuple[int, str]:
         """Create a RocksDB checkpoint (hard links) at ``path``; returns its version label
         and attempt.
 
+        A copy labelled dirty holds a version not yet whole or not yet committed (between
+        the slices of a commit of several parts, or a snapshot-mode commit before its
+        upload): only that commit's own snapshot may check it out (``dirty_ok``).
+
         Raises:
-            StateKeeperError: the copy is unlabelled or closed, or RocksDB failed.
+            StateKeeperError: the copy is unlabelled, dirty (without ``dirty_ok``) or
+                closed, or RocksDB failed.
         """
         self.wait()
         with self._lock:
@@ -522,6 +527,11 @@ class WorkingCopy:
             label = self._label
             if label is None:
                 raise StateKeeperError(f"the local working copy {self.path} holds no version")
+            if label.dirty and not dirty_ok:
+                raise StateKeeperError(
+                    f"the local working copy {self.path} is in the middle of the commit of "
+                    f"version {label.version}: it holds no whole version to snapshot"
+                )
             try:
                 rocksdict.Checkpoint(self._db).create_checkpoint(path)
             except Exception as exc:  # rocksdict raises a bare Exception for every failure
