@@ -653,9 +653,14 @@ class WorkingCopy:
             forget_lineage(self.path)
             return
         tmp = f"{self.lineage_path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({"checkpointId": checkpoint_id, "version": version}, fh)
-        os.replace(tmp, self.lineage_path)
+        with _LINEAGE_LOCK:  # a background snapshot and snapshot_now may finish together
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump({"checkpointId": checkpoint_id, "version": version}, fh)
+            os.replace(tmp, self.lineage_path)
+
+
+_LINEAGE_LOCK = threading.Lock()
+"""Serialises the writes of lineage records (one temporary name per copy)."""
 
 
 def _lineage_path(path: str) -> str:
