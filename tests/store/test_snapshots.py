@@ -15,6 +15,7 @@ import pytest
 import statekeeper as sk
 from statekeeper import layout
 from statekeeper.manifest import decode_manifest
+from statekeeper.metrics import read_commit_metrics
 from statekeeper.snapshot import SnapshotIndex, iter_files
 from statekeeper.storage import BlobStore, LocalBlobStore, open_blob_store
 from statekeeper.store._working_copy import WorkingCopy
@@ -583,3 +584,44 @@ def test_a_snapshot_from_another_thread_never_checks_out_half_a_commit(
         assert len(_state(restored)) == 201
     assert fresh.verify(deep=True).ok
     fresh.close()
+
+
+class _FailingFileUploads(RecordingBlobStore):
+    """Every snapshot file upload fails (changelogs, manifests and metrics go through)."""
+
+    def put(
+        self, key: str, data: bytes, *, overwrite: bool = False, if_match: str | None = None
+    ) -> None:
+        if "/files/" in key:
+            raise sk.StorageError(f"injected: cannot write {key}")
+        super().put(key, data, overwrite=overwrite, if_match=if_match)
+
+
+@pytest.mark.parametrize("case", ["snapshot fails", "snapshot done before the handover"])
+def test_commit_metrics_handed_to_a_background_snapshot_are_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """A commit that schedules a background snapshot hands it the buffered commit metrics,
+    to write after the upload. They were lost when the upload failed, and when the job had
+    already written its (then empty) list before the commit handed them over."""
+    inner = LocalBlobStore(str(tmp_path / "root"))
+    blobs = _FailingFileUploads(inner) if case == "snapshot fails" else RecordingBlobStore(inner)
+    if case != "snapshot fails":
+        schedule = sk.StateStore._maybe_schedule_snapshot
+
+        def job_done_first(store: sk.StateStore) -> bool:
+            scheduled = schedule(store)
+            if scheduled:
+                store._snapshotter.wait(("op", 0))
+            return scheduled
+
+        monkeypatch.setattr(sk.StateStore, "_maybe_schedule_snapshot", job_done_first)
+    config = _config(tmp_path, "w", snapshot_every=3, metrics_every=100)
+    backend = sk.StateBackend(blobs, config=config)
+    with backend.open("op", 0) as store:
+        for v in range(1, 7):
+            store.put(b"k", b"%d" % v)
+            store.commit()
+    backend.wait_for_snapshots()
+    backend.close()
+    assert sorted(read_commit_metrics(inner, "op", 0)) == [1, 2, 3, 4, 5, 6]

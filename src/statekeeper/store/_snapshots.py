@@ -100,8 +100,24 @@ class SnapshotJob:
         self._lock = threading.Lock()
         self._taken = False
         self._checkpoint: tuple[Path, int, str] | None = None
-        self.metrics: list[CommitMetrics] = []
-        """Commit metrics to write once the upload is done (off the commit path)."""
+        self._metrics: list[CommitMetrics] | None = []
+        """Commit metrics to write once the upload is done (off the commit path); ``None``
+        once written."""
+
+    def give_metrics(self, metrics: list[CommitMetrics]) -> bool:
+        """Hand commit metrics over, to be written when the job ends (with or without its
+        snapshot); False if it has written its metrics already: the caller keeps them."""
+        with self._lock:
+            if self._metrics is None:
+                return False
+            self._metrics.extend(metrics)
+            return True
+
+    def take_metrics(self) -> list[CommitMetrics]:
+        """The metrics handed over so far; any handed over later are refused."""
+        with self._lock:
+            metrics, self._metrics = self._metrics or [], None
+            return metrics
 
     def ensure_checkpoint(self) -> tuple[Path, int, str] | None:
         """Create the checkpoint if nobody did yet; ``None`` if the copy was already closed."""
@@ -216,8 +232,10 @@ class Snapshotter:
 
     def _run_logged(self, job: SnapshotJob) -> SnapshotMetrics | None:
         try:
-            metrics = self.run(job)
-            write_metrics_quietly(self._blobs, job.operator, job.partition, job.metrics)
+            try:
+                metrics = self.run(job)
+            finally:  # a failed snapshot loses no commit metrics either
+                write_metrics_quietly(self._blobs, job.operator, job.partition, job.take_metrics())
             if metrics is not None and self.after_upload is not None:
                 self.after_upload(job.operator, job.partition)
             return metrics

@@ -385,8 +385,12 @@ class StateStore:
                     phases_ms=info.phases_ms,
                 )
             )  # fmt: skip
-            if self._job is not None and info.snapshot_scheduled:
-                self._job.metrics, self._metrics = self._metrics, []  # written in the background
+            if (
+                self._job is not None
+                and info.snapshot_scheduled
+                and self._job.give_metrics(self._metrics)  # False: that job is done already
+            ):
+                self._metrics = []  # written in the background
             elif len(self._metrics) >= self._config.metrics_every:
                 # After the duration was taken: a commit cannot record its own recording.
                 with phases.phase("metrics"):
