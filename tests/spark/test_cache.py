@@ -460,3 +460,54 @@ def test_asking_ahead_hands_an_idle_store_over_before_the_acquire(spec: StoreSpe
     finally:
         first.close_all()
         second.close_all()
+
+
+def test_a_failed_reopen_keeps_the_copy_locked_until_the_old_store_s_snapshot_is_done(
+    tmp_path: Path,
+) -> None:
+    """A task of a new run asks for a version the root does not have: the cached store is
+    closed, its background snapshot still uploading from the checkpoint beside the copy,
+    and the reopen fails. The copy's lock was released at once, so another worker's open
+    deleted that checkpoint as stale under the upload."""
+    config = StoreConfig(local_dir=str(tmp_path / "local"), snapshot_every=1)
+    spec = StoreSpec(str(tmp_path / "root"), "op", 2, config, (), lock_timeout_s=60.0)
+    cache = StoreCache(idle_close_s=3600)
+    snapshotter = cache.backend(spec)._snapshotter
+    after, gate, uploading = snapshotter.after_upload, threading.Event(), threading.Event()
+
+    def hang(operator: str, partition: int) -> None:
+        uploading.set()
+        assert gate.wait(60)
+        if after is not None:
+            after(operator, partition)
+
+    snapshotter.after_upload = hang
+    failed: list[BaseException] = []
+
+    def acquire_missing_version() -> None:
+        try:
+            cache.acquire(spec, 0, 7, generation=2)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            failed.append(exc)
+
+    try:
+        lease = cache.acquire(spec, 0, 0, generation=1)
+        lease.store.put(b"k", b"v")
+        lease.store.commit()  # schedules a snapshot, held in hang()
+        cache.release(lease, ok=True)
+        assert uploading.wait(60)
+        task = threading.Thread(target=acquire_missing_version)
+        task.start()
+        lock, deadline = StoreLock(cache.backend(spec).local_path("op", 0)), time.monotonic() + 2
+        while time.monotonic() < deadline:
+            assert not lock.try_acquire(), "the copy was unlocked under its snapshot upload"
+            time.sleep(0.01)
+        gate.set()
+        task.join(60)
+        assert len(failed) == 1
+        assert isinstance(failed[0], StateNotFoundError)
+        assert lock.try_acquire()  # released once the upload was done
+        lock.release()
+    finally:
+        gate.set()
+        cache.close_all()

@@ -18,6 +18,7 @@ from statekeeper.manifest import decode_manifest
 from statekeeper.metrics import read_commit_metrics
 from statekeeper.snapshot import SnapshotIndex, iter_files
 from statekeeper.storage import BlobStore, LocalBlobStore, open_blob_store
+from statekeeper.store import _snapshots
 from statekeeper.store._working_copy import WorkingCopy
 from tests.blobstores import RecordingBlobStore, store_history
 
@@ -625,3 +626,34 @@ def test_commit_metrics_handed_to_a_background_snapshot_are_written(
     backend.wait_for_snapshots()
     backend.close()
     assert sorted(read_commit_metrics(inner, "op", 0)) == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_reopen_waits_for_the_closed_store_s_snapshot_before_rebuilding_the_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store closed while its background snapshot uploads, reopened at an older version
+    in the same process: the copy is rebuilt. The old job recorded its lineage when done,
+    over the rebuilt copy's, so the next upload trusted file names against another
+    database's files."""
+    upload = _snapshots.upload_snapshot
+
+    def slow_upload(*args: object, **kwargs: object) -> object:
+        time.sleep(0.5)
+        return upload(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_snapshots, "upload_snapshot", slow_upload)
+    backend = sk.StateBackend(
+        str(tmp_path / "root"), config=_config(tmp_path, "w", snapshot_every=2, io_threads=1)
+    )
+    first = backend.open("op", 0)
+    for v in range(2):
+        first.put(b"k%d" % v, b"v")
+        first.commit()  # version 2 schedules a snapshot
+    first.close()  # without waiting for it
+    again = backend.open("op", 0, 0)  # the copy is two commits ahead: rebuilt empty
+    backend.wait_for_snapshots()
+    assert again.restore_info.base_kind != "local"
+    lineage = again._copy.lineage
+    assert lineage is None or lineage[1] == 0, lineage  # not the closed store's version 2
+    again.close()
+    backend.close()

@@ -450,16 +450,20 @@ def _shutdown(entry: _Entry) -> None:
     An upload runs from a checkpoint folder beside the working copy; the next process to
     open the copy deletes such folders as stale, so the lock is held until it is done. Only
     this store's upload is waited for, and run next if queued: the other stores' uploads
-    (one thread per backend) do not touch this copy.
+    (one thread per backend) do not touch this copy. It is waited for even when the store
+    was closed already (an acquire that closed it and failed to reopen) or its close
+    failed.
     """
     _, operator, partition = entry.key
     try:
-        if entry.store is not None:
-            entry.store.close()
-            entry.store = None
-            entry.backend.wait_for_snapshots(operator, partition)
+        store, entry.store = entry.store, None
+        if store is not None:
+            store.close()
     finally:
-        entry.lock.release()
+        try:
+            entry.backend.wait_for_snapshots(operator, partition)
+        finally:
+            entry.lock.release()
 
 
 def _shutdown_logged(entry: _Entry) -> None:

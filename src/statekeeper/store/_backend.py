@@ -162,6 +162,10 @@ class StateBackend:
                 f"partition {partition} is out of range: operator {name!r} has {count} "
                 f"partitions (0..{count - 1}) in this checkpoint root"
             )
+        # A store closed here with its snapshot still uploading: the job records its
+        # lineage beside the copy when done, which must not land on a copy this open
+        # rebuilds (its files would be trusted by name against another database's).
+        self._snapshotter.wait((name, partition))
         read_at = time.monotonic()  # a restore may take minutes: the manifest is older
         history = StoreHistory.load(self._blobs, name, partition, root_id=meta.root_id)
         wanted = history.latest() if version is None else version
