@@ -74,16 +74,17 @@ def validate_operator(name: object) -> str:
 
 
 def validate_partition(partition: object) -> int:
-    """Return ``partition`` if it is an int >= 0.
+    """Return ``partition`` if it is an int in ``[0, 2**32)`` (a changelog's header holds
+    it in 32 bits).
 
     Raises:
         TypeError: not an int (bools are refused too).
-        ValueError: negative.
+        ValueError: negative, or 2**32 or more.
     """
     if isinstance(partition, bool) or not isinstance(partition, int):
         raise TypeError(f"partition must be an int, got {type(partition).__name__}")
-    if partition < 0:
-        raise ValueError(f"partition must be >= 0, got {partition}")
+    if not 0 <= partition < 2**32:
+        raise ValueError(f"partition must be in [0, 2**32 - 1], got {partition}")
     return partition
 
 

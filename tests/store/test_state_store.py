@@ -342,3 +342,21 @@ def test_a_commit_writes_its_changelog_in_key_order_however_the_keys_were_put(
     assert dict(records) == {k: None if k == b"k0007" else k[::-1] for k in keys}
     with backend.open("op", partition=0) as store:
         assert len(dict(store.scan())) == 499
+
+
+def test_a_partition_beyond_every_possible_count_is_refused_before_anything_is_written(
+    backend: sk.StateBackend,
+) -> None:
+    """With the partition count unset, a partition at or past the operator's key groups
+    was opened and committed to: then no count could ever be recorded (it must exceed the
+    partition, and may not exceed the key groups). One past 32 bits failed only at commit,
+    deep in the changelog header."""
+    with pytest.raises(sk.ConfigMismatchError, match=r"partition 4096 .* 4096 key groups"):
+        backend.open("free", 4096)
+    with pytest.raises(ValueError, match=r"must be in \[0, 2\*\*32 - 1\], got 4294967296"):
+        backend.open("free", 2**32)
+    with backend.open("free", 4095) as store:
+        store.put(b"k", b"v")
+        store.commit()
+    backend.register("free", 4096)  # the count can still be recorded
+    assert backend.operators()["free"] == 4096

@@ -162,6 +162,13 @@ class StateBackend:
                 f"partition {partition} is out of range: operator {name!r} has {count} "
                 f"partitions (0..{count - 1}) in this checkpoint root"
             )
+        groups = meta.key_groups.get(name)
+        if count is None and groups is not None and partition >= groups:
+            # Committed to, it would keep any partition count from being recorded.
+            raise ConfigMismatchError(
+                f"partition {partition} is out of range: operator {name!r} has {groups} key "
+                f"groups, so at most {groups} partitions (0..{groups - 1})"
+            )
         # A store closed here with its snapshot still uploading: the job records its
         # lineage beside the copy when done, which must not land on a copy this open
         # rebuilds (its files would be trusted by name against another database's).
