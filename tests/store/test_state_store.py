@@ -360,3 +360,28 @@ def test_a_partition_beyond_every_possible_count_is_refused_before_anything_is_w
         store.commit()
     backend.register("free", 4096)  # the count can still be recorded
     assert backend.operators()["free"] == 4096
+
+
+def test_a_scan_left_over_from_a_closed_store_stops_and_leaves_the_next_copy_alone(
+    backend: sk.StateBackend,
+) -> None:
+    """A scan generator kept past its store's close, then resumed while the store is open
+    again: its read of the closed database failed, was taken for damage, and the copy at
+    that path (the reopened store's) was set aside."""
+    with backend.open("op", 0) as store:
+        store.put_many((b"k%05d" % i, b"v") for i in range(5000))
+        store.commit()
+    store = backend.open("op", 0)
+    scan = store.scan()
+    next(scan)
+    store.close()
+    again = backend.open("op", 0)
+    with pytest.raises(sk.StateKeeperError, match=r"is closed: this scan of it cannot go on"):
+        list(scan)
+    assert again.restore_info.base_kind == "local"
+    again.put(b"new", b"1")
+    again.commit()
+    assert sum(1 for _ in again.scan()) == 5001  # its copy is where it was, and whole
+    again.close()
+    local = Path(backend.local_path("op", 0)).parent
+    assert not [p.name for p in local.iterdir() if ".damaged-" in p.name]

@@ -259,7 +259,13 @@ class StateStore:
                     after = key
                     yield key, value
                 return
-            except DamagedCopyError as exc:
+            except StateKeeperError as exc:
+                if self._state is _State.CLOSED:
+                    raise StateKeeperError(
+                        f"{self!r} is closed: this scan of it cannot go on"
+                    ) from exc
+                if not isinstance(exc, DamagedCopyError):
+                    raise
                 if rebuilt:
                     raise
                 self._replace_damaged_copy(exc)

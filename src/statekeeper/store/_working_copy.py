@@ -321,6 +321,8 @@ class WorkingCopy:
 
         Raises:
             DamagedCopyError: RocksDB failed the read (never a silently shorter scan).
+            StateKeeperError: the copy was closed before the scan ended (not damage: the
+                folder may hold another copy by now).
         """
         self.wait()
         try:
@@ -328,6 +330,10 @@ class WorkingCopy:
                 if item[0] != LABEL_KEY:
                     yield item
         except Exception as exc:  # rocksdict raises a bare Exception for every failure
+            if self._closed:
+                raise StateKeeperError(
+                    f"the local working copy {self.path} was closed before this scan ended"
+                ) from exc
             raise DamagedCopyError(self.path, exc) from exc
 
     def _raw_label(self) -> bytes | None:
