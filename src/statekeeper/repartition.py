@@ -68,6 +68,7 @@ from statekeeper.keyed import (
 from statekeeper.storage import BlobStore
 from statekeeper.store import (
     ParentCopy,
+    RootMetadata,
     StateBackend,
     StoreRescale,
     checked_items,
@@ -75,7 +76,7 @@ from statekeeper.store import (
     latest_versions,
 )
 
-__all__ = ["Progress", "RepartitionReport", "plan_parents", "repartition"]
+__all__ = ["Progress", "RepartitionReport", "check_request", "plan_parents", "repartition"]
 
 Progress = Callable[[str, int, int], None]
 """Called with (phase, done, total): ``"restore"`` counts old stores, ``"build"`` new ones."""
@@ -196,6 +197,46 @@ def _refuse(message: str) -> ConfigMismatchError:
     return ConfigMismatchError(message)
 
 
+def check_request(
+    backend: StateBackend, operator: str, partitions: int, to: str | None = None
+) -> tuple[RootMetadata, int, int]:
+    """Check a repartition request against the root (what :func:`repartition` checks
+    before any work); returns the root metadata, the old partition count and the
+    operator's key groups.
+
+    Raises:
+        TypeError, ValueError: a malformed argument.
+        ConfigMismatchError: the operator is not in the root, has no partition count or no
+            key groups, already has that count, has fewer key groups, or ``to`` exists.
+    """
+    layout.validate_operator(operator)
+    if to is not None:
+        layout.validate_operator(to)
+    if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+        raise ValueError(f"partitions must be an int >= 1, got {partitions!r}")
+    meta = backend.root_metadata()
+    if meta is None or operator not in meta.operators:
+        known = sorted(meta.operators) if meta is not None else []
+        raise _refuse(f"operator {operator!r} is not in the root (it holds {known})")
+    old = meta.operators[operator]
+    groups = meta.key_groups.get(operator)
+    if old is None:
+        raise _refuse(f"operator {operator!r} has no partition count recorded yet")
+    if groups is None:
+        raise _refuse(
+            f"operator {operator!r} has no key groups (it was made by statekeeper 0.1): "
+            "a repartition moves key-group ranges; rewrite its state into a new operator"
+        )
+    if partitions > groups:
+        raise _refuse(f"operator {operator!r} has {groups} key groups, so at most {groups} "
+                      f"partitions; {partitions} were asked for")  # fmt: skip
+    if to is None and partitions == old:
+        raise _refuse(f"operator {operator!r} already has {old} partitions")
+    if to is not None and (to in meta.operators or backend.blobs.list(layout.operator_prefix(to))):
+        raise _refuse(f"operator {to!r} exists in the root: give a new operator name")
+    return meta, old, groups
+
+
 @dataclass
 class _Job:
     backend: StateBackend
@@ -216,32 +257,8 @@ class _Job:
         to: str | None,
     ) -> _Job:  # fmt: skip
         """Check the request against the root and read the cut."""
-        layout.validate_operator(operator)
-        target = operator if to is None else layout.validate_operator(to)
-        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
-            raise ValueError(f"partitions must be an int >= 1, got {partitions!r}")
-        meta = backend.root_metadata()
-        if meta is None or operator not in meta.operators:
-            known = sorted(meta.operators) if meta is not None else []
-            raise _refuse(f"operator {operator!r} is not in the root (it holds {known})")
-        old = meta.operators[operator]
-        groups = meta.key_groups.get(operator)
-        if old is None:
-            raise _refuse(f"operator {operator!r} has no partition count recorded yet")
-        if groups is None:
-            raise _refuse(
-                f"operator {operator!r} has no key groups (it was made by statekeeper 0.1): "
-                "a repartition moves key-group ranges; rewrite its state into a new operator"
-            )
-        if partitions > groups:
-            raise _refuse(f"operator {operator!r} has {groups} key groups, so at most {groups} "
-                          f"partitions; {partitions} were asked for")  # fmt: skip
-        if to is None and partitions == old:
-            raise _refuse(f"operator {operator!r} already has {old} partitions")
-        if to is not None and (
-            to in meta.operators or backend.blobs.list(layout.operator_prefix(to))
-        ):
-            raise _refuse(f"operator {to!r} exists in the root: give a new operator name")
+        meta, old, groups = check_request(backend, operator, partitions, to)
+        target = operator if to is None else to
         blobs = backend.blobs
         finish_pending_rescale(blobs, operator, io_threads=cfg.io_threads)
         cut = consistent_cut(

@@ -107,6 +107,10 @@ def test_inspect_prefix_as_text_or_hex_and_limit(root: Built) -> None:
     result = run("inspect", root.uri, *root.opts, "counts", "-p", "0", "--prefix", "0xzz")
     assert result.exit_code == 2
     assert "--prefix" in one_error_line(result)
+    # A byte the shell passed that is not UTF-8 (Python's argv holds it as a surrogate).
+    result = run("inspect", root.uri, *root.opts, "counts", "-p", "0", "--prefix", "\udcff")
+    assert result.exit_code == 2
+    assert "is not UTF-8 text: give other bytes as '0x'" in one_error_line(result)
 
 
 def _keyed_root(tmp_path: Path) -> str:

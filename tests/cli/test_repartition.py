@@ -57,16 +57,25 @@ def test_repartition_prints_the_report_as_json_and_for_people(tmp_path: Path) ->
     check_layout(state_of(root, tmp_path, "merged", "merged"), everything)
 
 
-def test_bad_requests_fail_with_one_line(tmp_path: Path) -> None:
+def test_bad_requests_fail_with_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Every request the root refuses before any work is bad input (exit 2), not a problem
+    found (exit 1), and changes nothing."""
     root, _ = build_root(tmp_path, 2, batches=1)
-    result = run("repartition", root, "nope", "--partitions", "3")
-    assert result.exit_code != 0
-    assert "operator 'nope' is not in the root" in one_error_line(result)
-    result = run("repartition", root, OP, "--partitions", "2")
-    assert "already has 2 partitions" in one_error_line(result)
+    before = _metadata(root)
+    for args, message in [
+        (("nope", "--partitions", "3"), "operator 'nope' is not in the root"),
+        ((OP, "--partitions", "2"), "already has 2 partitions"),
+        ((OP, "--partitions", "5000"), "4096 key groups, so at most 4096 partitions"),
+        ((OP, "--partitions", "3", "--to", "_bad"), "operator name must be"),
+        ((OP, "--partitions", "3", "--to", OP), f"operator {OP!r} exists in the root"),
+    ]:
+        result = run("repartition", root, *args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in one_error_line(result)
     result = run("repartition", root, OP, "--partitions", "0")
     assert result.exit_code == 2
     assert "--partitions" in result.stderr
+    assert _metadata(root) == before
 
 
 def _metadata(root: str) -> bytes:

@@ -38,7 +38,12 @@ def _parse_prefix(_ctx: click.Context, _param: click.Parameter, value: str | Non
             return bytes.fromhex(value[2:])
         except ValueError as exc:
             raise click.BadParameter(f"{value!r} is not hex after '0x': {exc}") from exc
-    return value.encode("utf-8")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # bytes the shell passed that are not UTF-8
+        raise click.BadParameter(
+            f"{value!r} is not UTF-8 text: give other bytes as '0x' then hex digits"
+        ) from exc
 
 
 def _store_options(f: Callable[..., Any]) -> Callable[..., Any]:

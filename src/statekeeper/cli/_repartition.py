@@ -12,11 +12,12 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from statekeeper.cli._app import cli, env_of, output_options
+from statekeeper.cli._app import UsageFailure, cli, env_of, output_options
 from statekeeper.cli._open import open_root, root_arguments
 from statekeeper.cli._progress import Bar, Bars
 from statekeeper.cli._render import human_bytes
-from statekeeper.repartition import RepartitionReport, repartition
+from statekeeper.errors import ConfigMismatchError
+from statekeeper.repartition import RepartitionReport, check_request, repartition
 
 __all__ = ["repartition_command"]
 
@@ -72,6 +73,10 @@ def repartition_command(
     """
     env = env_of(ctx)
     opened = open_root(ctx, root, storage_options, io_threads=io_threads)
+    try:  # what the request asks for is checked before any work: bad input, exit 2
+        check_request(opened.backend, operator, partitions, to)
+    except (ValueError, ConfigMismatchError) as exc:
+        raise UsageFailure(str(exc)) from exc
     with Bars(env, "items") as bars:
         phases: dict[str, Bar] = {}
 
