@@ -272,6 +272,15 @@ def test_restore_refuses_a_non_empty_target(local: Built, tmp_path: Path) -> Non
     assert [p.name for p in target.iterdir()] == ["precious"]
 
 
+def test_restore_refuses_a_target_inside_the_root(local: Built) -> None:
+    """GC would take the restored files for orphans of the root and delete them."""
+    target = Path(local.uri.removeprefix("file://")) / "counts" / "restored"
+    result = run("restore", local.uri, "counts", "-p", "0", "--to", str(target))
+    assert result.exit_code == 2
+    assert "lies inside the checkpoint root" in one_error_line(result)
+    assert not target.exists()
+
+
 def test_restore_of_an_unknown_version_creates_nothing(local: Built, tmp_path: Path) -> None:
     target = tmp_path / "out" / "db"
     result = run("restore", local.uri, "counts", "-p", "0", "--version", "8", "--to", str(target))

@@ -385,3 +385,22 @@ def test_a_scan_left_over_from_a_closed_store_stops_and_leaves_the_next_copy_alo
     again.close()
     local = Path(backend.local_path("op", 0)).parent
     assert not [p.name for p in local.iterdir() if ".damaged-" in p.name]
+
+
+def test_working_copies_or_an_export_inside_a_local_root_are_refused(tmp_path: Path) -> None:
+    """GC takes files under the root that no version names for orphans: working copies
+    kept inside the root lost files to it and were rebuilt, and an export there would be
+    deleted once older than the orphan TTL."""
+    root = tmp_path / "root"
+    for inside in (root, root / "ops"):
+        with pytest.raises(ValueError, match=r"StoreConfig.local_dir .* lies inside the checkp"):
+            sk.StateBackend(str(root), config=sk.StoreConfig(local_dir=str(inside)))
+    beside = sk.StoreConfig(local_dir=str(tmp_path / "root-local"))  # a name the root prefixes
+    with sk.StateBackend(str(root), config=beside) as backend:
+        with backend.open("ops", 0, partitions=1) as store:
+            store.put(b"k", b"v")
+            store.commit()
+        with pytest.raises(ValueError, match=r"the export target .* lies inside the checkpoint"):
+            backend.export("ops", 0, root / "ops" / "exported")
+        assert not (root / "ops" / "exported").exists()
+        backend.export("ops", 0, tmp_path / "exported")

@@ -274,7 +274,10 @@ def restore(
     if target.exists() and any(target.iterdir()):
         raise UsageFailure(f"restore target {target} exists and is not empty")
     opened, wanted = _open_store(ctx, root, storage_options, (operator, partition), version)
-    exported = _materialize(env, opened, (operator, partition), wanted, target)
+    try:
+        exported = _materialize(env, opened, (operator, partition), wanted, target)
+    except ValueError as exc:  # a target inside the root, checked before any work
+        raise UsageFailure(str(exc)) from exc
     info = exported.restore
     doc = {
         "root": opened.uri,

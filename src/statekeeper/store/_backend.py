@@ -12,6 +12,8 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from types import TracebackType
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from statekeeper import layout
 from statekeeper.config import StoreConfig
@@ -69,7 +71,8 @@ class StateBackend:
 
         Raises:
             TypeError: ``config`` is not a StoreConfig.
-            ValueError: the URI or a storage option is not understood.
+            ValueError: the URI or a storage option is not understood, or the working
+                copies' folder lies inside a local root.
             StorageError: the root cannot be read.
             ConfigMismatchError: the root was written by a newer statekeeper.
             CorruptStateError: the root metadata is not a statekeeper document.
@@ -86,6 +89,7 @@ class StateBackend:
                 os.fspath(root), storage_options, io_threads=config.io_threads
             )
         self._owns_blobs = True
+        _refuse_inside_root(self._blobs.uri, config.resolved_local_dir, "StoreConfig.local_dir")
         self._registry = RootRegistry(self._blobs)
         self._snapshotter = Snapshotter(self._blobs, config)
         self._snapshotter.after_upload = self._gc_after_snapshot
@@ -410,8 +414,10 @@ class StateBackend:
 
         Raises:
             FileExistsError: ``to`` exists and is not an empty directory.
+            ValueError: ``to`` lies inside a local root.
             StateNotFoundError, CorruptStateError, StorageError: as :meth:`open`.
         """
+        _refuse_inside_root(self._blobs.uri, os.fspath(to), "the export target")
         target = prepare_target(to)
         staging = staging_dir(target)
         config = dataclasses.replace(self._config, local_dir=str(staging / "work"))
@@ -523,3 +529,21 @@ def _step_back_if_ahead(
 def _check_partitions(partitions: object) -> None:
     if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
         raise ValueError(f"partitions must be an int >= 1, got {partitions!r}")
+
+
+def _refuse_inside_root(root_uri: str, path: str, what: str) -> None:
+    """Refuse a local folder inside a local root: GC takes the files there for blobs no
+    version names, and deletes them.
+
+    Raises:
+        ValueError: ``path`` is the root or lies inside it.
+    """
+    if not root_uri.startswith("file://"):
+        return
+    root = os.path.realpath(url2pathname(urlparse(root_uri).path))
+    folder = os.path.realpath(path)
+    if folder == root or folder.startswith(root.rstrip(os.sep) + os.sep):
+        raise ValueError(
+            f"{what} {path!r} lies inside the checkpoint root {root}: GC would take its "
+            "files for blobs no version names and delete them; choose a folder outside it"
+        )
