@@ -89,7 +89,12 @@ class StateBackend:
                 os.fspath(root), storage_options, io_threads=config.io_threads
             )
         self._owns_blobs = True
-        _refuse_inside_root(self._blobs.uri, config.resolved_local_dir, "StoreConfig.local_dir")
+        try:
+            _refuse_inside_root(self._blobs.uri, config.resolved_local_dir, "StoreConfig.local_dir")
+        except ValueError:
+            if not isinstance(root, BlobStore):
+                self._blobs.close()  # opened here: its threads go with the refusal
+            raise
         self._registry = RootRegistry(self._blobs)
         self._snapshotter = Snapshotter(self._blobs, config)
         self._snapshotter.after_upload = self._gc_after_snapshot
