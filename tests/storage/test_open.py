@@ -246,6 +246,15 @@ def test_missing_bucket_is_a_storage_error(
         store.list()
 
 
+def test_local_root_is_the_folder_of_a_path_or_file_uri_and_none_for_object_stores() -> None:
+    assert statekeeper.storage.local_root("state/root") == "state/root"
+    assert statekeeper.storage.local_root("file:///tmp/a%20b") == "/tmp/a b"
+    assert statekeeper.storage.local_root("FILE://localhost/tmp/x") == "/tmp/x"
+    assert statekeeper.storage.local_root("s3://bucket/prefix") is None
+    with pytest.raises(ValueError, match="got host 'remote'"):
+        statekeeper.storage.local_root("file://remote/tmp/x")
+
+
 def test_package_exports_are_sorted_and_complete() -> None:
     exported = statekeeper.storage.__all__
     assert exported == sorted(exported)
@@ -256,6 +265,7 @@ def test_package_exports_are_sorted_and_complete() -> None:
         "ObjectBlobStore",
         "RetryPolicy",
         "StreamingBlobStore",
+        "local_root",
         "open_blob_store",
         "put_stream",
         "thread_pool",

@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeVar, cast
-from urllib.parse import unquote, urlsplit
 
 import click
 
@@ -26,7 +25,7 @@ from statekeeper.config import StoreConfig
 from statekeeper.epochs import consistent_cut
 from statekeeper.errors import StateNotFoundError
 from statekeeper.history import RootListing
-from statekeeper.storage import BlobStore, open_blob_store
+from statekeeper.storage import BlobStore, local_root, open_blob_store
 from statekeeper.store import RootMetadata, StateBackend
 
 __all__ = [
@@ -202,16 +201,6 @@ class Root:
         return cut.versions[partition]
 
 
-def _local_path(root: str) -> str | None:
-    """The folder of a local root (a path or ``file://`` URI), ``None`` for object stores."""
-    scheme, sep, _ = root.partition("://")
-    if not sep:
-        return root
-    if scheme.lower() == "file":
-        return unquote(urlsplit(root).path)
-    return None
-
-
 def open_root(
     ctx: click.Context,
     root: str,
@@ -232,11 +221,11 @@ def open_root(
             storage option is not understood.
         StateKeeperError: the root cannot be read.
     """
-    local = _local_path(root)
-    if local is not None and not os.path.isdir(local):
-        raise UsageFailure(f"checkpoint root {local} does not exist (no such folder)")
     workdir = ctx.with_resource(tempfile.TemporaryDirectory(prefix="statekeeper-cli-"))
     try:
+        local = local_root(root)
+        if local is not None and not os.path.isdir(local):
+            raise UsageFailure(f"checkpoint root {local} does not exist (no such folder)")
         store_config = StoreConfig(local_dir=workdir, **config)
         inner = open_blob_store(root, storage_options or None, io_threads=store_config.io_threads)
     except (TypeError, ValueError) as exc:

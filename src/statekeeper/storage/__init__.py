@@ -25,6 +25,7 @@ __all__ = [
     "ObjectBlobStore",
     "RetryPolicy",
     "StreamingBlobStore",
+    "local_root",
     "open_blob_store",
     "put_stream",
     "thread_pool",
@@ -77,6 +78,19 @@ def open_blob_store(
         )
     path = _file_uri_path(uri) if sep else uri
     return LocalBlobStore(os.path.abspath(path), io_threads=io_threads, retry=retry)
+
+
+def local_root(uri: str) -> str | None:
+    """The folder of a local root (a path, or the path of a ``file://`` URI); ``None`` for
+    any other scheme.
+
+    Raises:
+        ValueError: a ``file://`` URI naming another host, or not an absolute path.
+    """
+    scheme, sep, _ = uri.partition("://")
+    if not sep:
+        return uri
+    return _file_uri_path(uri) if scheme.lower() == "file" else None
 
 
 def put_stream(blobs: BlobStore, key: str, chunks: Callable[[], Iterable[bytes]]) -> int:

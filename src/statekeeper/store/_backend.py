@@ -12,8 +12,6 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from urllib.parse import urlparse
-from urllib.request import url2pathname
 
 from statekeeper import layout
 from statekeeper.config import StoreConfig
@@ -21,7 +19,7 @@ from statekeeper.errors import ConfigMismatchError, StateKeeperError
 from statekeeper.gc import GcReport, ManifestUpdate, collect_garbage
 from statekeeper.history import StoreHistory
 from statekeeper.snapshot import SnapshotMetrics
-from statekeeper.storage import BlobStore, open_blob_store
+from statekeeper.storage import BlobStore, local_root, open_blob_store
 from statekeeper.store._export import ExportInfo, prepare_target, publish, staging_dir, write_db
 from statekeeper.store._rescale import complete_rescale
 from statekeeper.store._restore import restore_copy
@@ -543,9 +541,10 @@ def _refuse_inside_root(root_uri: str, path: str, what: str) -> None:
     Raises:
         ValueError: ``path`` is the root or lies inside it.
     """
-    if not root_uri.startswith("file://"):
+    local = local_root(root_uri)
+    if local is None:
         return
-    root = os.path.realpath(url2pathname(urlparse(root_uri).path))
+    root = os.path.realpath(local)
     folder = os.path.realpath(path)
     if folder == root or folder.startswith(root.rstrip(os.sep) + os.sep):
         raise ValueError(

@@ -624,9 +624,7 @@ class WorkingCopy:
         journal (which names files of this database only)."""
         self.close(flush=False)
         shutil.rmtree(self.path, ignore_errors=True)
-        self.set_lineage(None, 0)
-        with contextlib.suppress(FileNotFoundError):
-            upload_journal_path(self.path).unlink()
+        _remove_records_beside(self.path)
         _log.debug("removed local working copy %s", self.path)
 
     # -- snapshot lineage -----------------------------------------------------------------
@@ -691,6 +689,14 @@ def copy_exists(path: str) -> bool:
     return os.path.exists(os.path.join(path, "CURRENT"))
 
 
+def _remove_records_beside(path: str) -> None:
+    """Delete the lineage record and the upload journal beside a deleted copy: both name
+    files of that database only."""
+    for beside in (_lineage_path(path), upload_journal_path(path)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(beside)
+
+
 def remove_unused_copy(path: str) -> bool:
     """Delete the working copy at ``path`` (with its lineage record and stale checkpoint
     folders) unless a process has it open; True if deleted. Folders set aside as damaged
@@ -713,9 +719,7 @@ def remove_unused_copy(path: str) -> bool:
         except StateKeeperError as exc:  # in use by another process, or cannot be told
             _log.debug("kept the local working copy %s: %s", path, exc)
             return False
-        for beside in (_lineage_path(path), upload_journal_path(path)):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(beside)
+        _remove_records_beside(path)
         # Imported here: the snapshot module imports this one. It keeps the folders of
         # uploads still running in this process.
         from statekeeper.store._snapshots import remove_stale_checkpoints

@@ -68,14 +68,14 @@ def _wipe_root(options: DemoOptions, paths: DemoPaths) -> None:
         paths.root, config=config, storage_options=options.storage_options or None
     ) as backend:
         keys = [meta.key for meta in backend.blobs.list("")]
+        operators = sorted(backend.operators()) if layout.ROOT_METADATA in keys else []
         if keys and ROOT_MARKER not in keys:
-            found = sorted(backend.operators()) if layout.ROOT_METADATA in keys else None
-            what = f"operators {found}" if found else "files that are not a statekeeper root"
+            what = f"operators {operators}" if operators else "files of no statekeeper root"
             raise DemoError(
                 f"the root {backend.blobs.uri} holds {what} and no {ROOT_MARKER} marker: the "
                 "demo only wipes a root it created itself; give another --root"
             )
-        others = sorted(set(backend.operators()) - {OPERATOR}) if keys else []
+        others = [name for name in operators if name != OPERATOR]
         if others:
             raise DemoError(
                 f"the root {backend.blobs.uri} holds operators {others}: the demo only wipes "
