@@ -94,15 +94,16 @@ def run(commits: int, window: int, keys_per_commit: int, workdir: Path) -> dict[
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 latencies = []
         elapsed = time.perf_counter() - started
-    meta = backend.root_metadata()
-    deleted = 0
-    for _ in range(2):  # the second run deletes the manifest the first one's base move
-        report = collect_garbage(  # superseded (a manifest GC writes is new, like any other)
-            backend.blobs, config, [OPERATOR], now=time.time() + MANIFEST_GRACE_S + 1,
-            root_id="" if meta is None else meta.root_id,
-        )  # fmt: skip
-        deleted += len(report.deleted_keys)
-    steady = _manifests(backend)
+        meta = backend.root_metadata()
+    with sk.StateBackend(str(workdir / "root"), config=config) as backend:
+        deleted = 0
+        for _ in range(2):  # the second run deletes the manifest the first one's base move
+            report = collect_garbage(  # superseded (a manifest GC writes is new, like any)
+                backend.blobs, config, [OPERATOR], now=time.time() + MANIFEST_GRACE_S + 1,
+                root_id="" if meta is None else meta.root_id,
+            )  # fmt: skip
+            deleted += len(report.deleted_keys)
+        steady = _manifests(backend)
     logging.getLogger("statekeeper").removeHandler(failed)
     first, last = windows[0], windows[-1]
 

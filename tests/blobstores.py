@@ -15,6 +15,7 @@ from statekeeper.gc import MIN_ORPHAN_TTL_S, collect_garbage
 from statekeeper.history import StoreHistory
 from statekeeper.storage import BlobMeta, BlobStore
 from statekeeper.storage._parallel import ParallelTransfers
+from statekeeper.store._root import RootRegistry
 
 
 class RecordingBlobStore(ParallelTransfers):
@@ -128,8 +129,9 @@ class FaultyBlobStore(RecordingBlobStore):
 
 
 def store_history(backend: sk.StateBackend, operator: str, partition: int) -> StoreHistory:
-    """The store's history as its newest manifest states it (blob keys of every version)."""
-    meta = backend.root_metadata()
+    """The store's history as its newest manifest states it (blob keys of every version);
+    ``backend`` may be closed."""
+    meta = RootRegistry(backend.blobs).read()
     assert meta is not None
     return StoreHistory.load(backend.blobs, operator, partition, root_id=meta.root_id)
 

@@ -122,3 +122,58 @@ def test_root_metadata_of_another_root_is_named_as_the_likely_culprit(tmp_path: 
     backend = _backend(tmp_path)
     with backend, pytest.raises(sk.CorruptStateError, match=r"_statekeeper\.json was replaced"):
         backend.open("sessions", 0)
+
+
+def test_reading_a_store_the_root_lacks_neither_registers_it_nor_pretends_it_exists(
+    tmp_path: Path,
+) -> None:
+    """``open`` creates stores; ``snapshot``, ``export`` and ``versions`` only read one. A
+    misspelt operator once got registered, with a snapshot of an empty store uploaded."""
+    with _backend(tmp_path) as backend:
+        with backend.open("ops", 0, partitions=2) as store:
+            store.put(b"k", b"v")
+            store.commit()
+        with pytest.raises(sk.StateNotFoundError, match=r"operator 'nope' is not in .*: ops"):
+            backend.snapshot("nope", 0)
+        with pytest.raises(sk.StateNotFoundError, match="operator 'nope' is not in"):
+            backend.export("nope", 0, tmp_path / "out")
+        assert backend.versions("nope", 0) == []
+        for call in (backend.versions, backend.snapshot):
+            with pytest.raises(sk.ConfigMismatchError, match="operator 'ops' has 2 partitions"):
+                call("ops", 9)
+        with pytest.raises(sk.ConfigMismatchError, match="operator 'ops' has 2 partitions"):
+            backend.export("ops", 2, tmp_path / "out")
+        assert backend.operators() == {"ops": 2}
+        assert backend.versions("ops", 1) == [0]
+    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in (tmp_path / "root").iterdir()) == [layout.ROOT_METADATA, "ops"]
+
+
+def test_a_closed_backend_refuses_new_work_and_its_open_stores_still_commit(
+    tmp_path: Path,
+) -> None:
+    backend = _backend(tmp_path, snapshot_every=1)
+    backend.register("ops", 1)
+    store = backend.open("ops", 0)
+    backend.close()
+    backend.close()  # idempotent
+    calls = {
+        "open": lambda: backend.open("ops", 0),
+        "register": lambda: backend.register("ops", 1),
+        "start_generation": lambda: backend.start_generation("ops"),
+        "operators": backend.operators,
+        "root_metadata": backend.root_metadata,
+        "versions": lambda: backend.versions("ops", 0),
+        "snapshot": lambda: backend.snapshot("ops", 0),
+        "export": lambda: backend.export("ops", 0, tmp_path / "out"),
+        "gc": backend.gc,
+        "verify": backend.verify,
+    }
+    for call in calls.values():
+        with pytest.raises(sk.StateKeeperError, match=r"is closed: .* new StateBackend"):
+            call()
+    store.put(b"k", b"v")
+    assert store.commit().version == 1
+    store.close()
+    with _backend(tmp_path) as again:
+        assert again.versions("ops", 0) == [0, 1]

@@ -15,7 +15,7 @@ from types import TracebackType
 
 from statekeeper import layout
 from statekeeper.config import StoreConfig
-from statekeeper.errors import ConfigMismatchError, StateKeeperError
+from statekeeper.errors import ConfigMismatchError, StateKeeperError, StateNotFoundError
 from statekeeper.gc import GcReport, ManifestUpdate, collect_garbage
 from statekeeper.history import StoreHistory
 from statekeeper.snapshot import SnapshotMetrics
@@ -87,6 +87,7 @@ class StateBackend:
                 os.fspath(root), storage_options, io_threads=config.io_threads
             )
         self._owns_blobs = True
+        self._closed = False
         try:
             _refuse_inside_root(self._blobs.uri, config.resolved_local_dir, "StoreConfig.local_dir")
         except ValueError:
@@ -148,6 +149,7 @@ class StateBackend:
             StateKeeperError: the local working copy is in use by another process, or the
                 local disk is full (the message says how full).
         """
+        self._check_open()
         layout.validate_operator(name)
         layout.validate_partition(partition)
         if version is not None:
@@ -165,10 +167,7 @@ class StateBackend:
             meta = self._registry.read() or meta  # a rescale may have changed the count
             count = meta.operators.get(name)
         if count is not None and partition >= count:
-            raise ConfigMismatchError(
-                f"partition {partition} is out of range: operator {name!r} has {count} "
-                f"partitions (0..{count - 1}) in this checkpoint root"
-            )
+            raise _out_of_range(name, partition, count)
         groups = meta.key_groups.get(name)
         if count is None and groups is not None and partition >= groups:
             # Committed to, it would keep any partition count from being recorded.
@@ -220,6 +219,7 @@ class StateBackend:
             ConfigMismatchError: the root records another partition count.
             StorageError: the root cannot be read or written.
         """
+        self._check_open()
         layout.validate_operator(name)
         _check_partitions(partitions)
         self._registry.register(name, partitions)
@@ -236,6 +236,7 @@ class StateBackend:
             TypeError, ValueError: a malformed name.
             StorageError: the root cannot be read or written.
         """
+        self._check_open()
         layout.validate_operator(name)
         retention = Retention(self._config.retain_versions, self._config.orphan_ttl_s)
         return self._registry.start_generation(name, retention)
@@ -246,6 +247,7 @@ class StateBackend:
         Raises:
             StorageError: the root cannot be read.
         """
+        self._check_open()
         meta = self._registry.read()
         return {} if meta is None else dict(meta.operators)
 
@@ -270,11 +272,13 @@ class StateBackend:
 
         Raises:
             TypeError, ValueError: a malformed argument.
-            StateNotFoundError: the store has no restorable version.
-            StateKeeperError: the store failed, or the upload failed.
+            StateNotFoundError: the root has no operator ``name``, or the store has no
+                restorable version.
+            ConfigMismatchError: the operator has no partition ``partition``.
+            StateKeeperError: the store failed, or the upload failed; or the backend is
+                closed.
         """
-        layout.validate_operator(name)
-        layout.validate_partition(partition)
+        self._existing(name, partition)
         with self._open_lock:
             store = self._open_stores.get((name, partition))
         if store is not None and not store.closed:
@@ -292,6 +296,7 @@ class StateBackend:
         Raises:
             StorageError: a listing or delete failed; a later run finishes the job.
         """
+        self._check_open()
         meta = self._registry.read()
         return collect_garbage(
             self._blobs,
@@ -317,6 +322,7 @@ class StateBackend:
         Raises:
             StorageError: a listing or read failed for a reason other than a missing blob.
         """
+        self._check_open()
         meta = self._registry.read()
         report = verify_root(
             self._blobs, self._operators(), deep=deep, progress=progress,
@@ -367,16 +373,17 @@ class StateBackend:
             self._snapshotter.wait((name, partition))
 
     def versions(self, name: str, partition: int) -> list[int]:
-        """Every version of the store that can be opened, ascending.
+        """Every version of the store that can be opened, ascending; none if the root has
+        no operator ``name``.
 
         Raises:
             TypeError, ValueError: a malformed argument.
+            ConfigMismatchError: the operator has no partition ``partition``.
             StorageError: the listing failed.
         """
-        layout.validate_operator(name)
-        layout.validate_partition(partition)
-        meta = self._registry.read()
-        if meta is None:
+        try:
+            meta = self._existing(name, partition)
+        except StateNotFoundError:
             return []
         history = StoreHistory.load(self._blobs, name, partition, root_id=meta.root_id)
         return history.restorable_versions()
@@ -390,6 +397,7 @@ class StateBackend:
             ConfigMismatchError: it was written by a newer statekeeper.
             StorageError: the root cannot be read.
         """
+        self._check_open()
         return self._registry.read()
 
     def export(
@@ -418,8 +426,11 @@ class StateBackend:
         Raises:
             FileExistsError: ``to`` exists and is not an empty directory.
             ValueError: ``to`` lies inside a local root.
-            StateNotFoundError, CorruptStateError, StorageError: as :meth:`open`.
+            StateNotFoundError: the root has no operator ``name``; or as :meth:`open`.
+            ConfigMismatchError: the operator has no partition ``partition``.
+            CorruptStateError, StorageError: as :meth:`open`.
         """
+        self._existing(name, partition)
         _refuse_inside_root(self._blobs.uri, os.fspath(to), "the export target")
         target = prepare_target(to)
         staging = staging_dir(target)
@@ -439,10 +450,55 @@ class StateBackend:
 
     def close(self) -> None:
         """Finish background snapshots, then release the blob store's threads (unless the
-        blob store is shared with the backend that made this one)."""
+        blob store is shared with the backend that made this one). Idempotent.
+
+        Afterwards the backend refuses new work (:class:`StateKeeperError`). A store opened
+        before keeps working until closed; its background snapshots then run in a pool of
+        their own, which ends with the process.
+        """
+        if self._closed:
+            return
         self._snapshotter.close()
+        self._closed = True
         if self._owns_blobs:
             self._blobs.close()
+
+    def _existing(self, name: str, partition: int) -> RootMetadata:
+        """The root's metadata, once it is known to hold store (``name``, ``partition``): what
+        only reads a store must not register it, as :meth:`open` would.
+
+        Raises:
+            TypeError, ValueError: a malformed argument.
+            StateNotFoundError: the root has no operator ``name``.
+            ConfigMismatchError: the operator has no partition ``partition``.
+            StateKeeperError: the backend is closed.
+        """
+        self._check_open()
+        layout.validate_operator(name)
+        layout.validate_partition(partition)
+        meta = self._registry.read()
+        if meta is None or name not in meta.operators:
+            known = "none" if meta is None else ", ".join(sorted(meta.operators)) or "none"
+            raise StateNotFoundError(
+                f"operator {name!r} is not in checkpoint root {self._blobs.uri} (its operators: "
+                f"{known})"
+            )
+        count = meta.operators[name]
+        if count is not None and partition >= count:
+            raise _out_of_range(name, partition, count)
+        return meta
+
+    def _check_open(self) -> None:
+        """Refuse new work once closed.
+
+        Raises:
+            StateKeeperError: :meth:`close` was called.
+        """
+        if self._closed:
+            raise StateKeeperError(
+                f"{self!r} is closed: it opens, snapshots, lists and collects nothing more. "
+                "Make a new StateBackend for the root"
+            )
 
     def __enter__(self) -> StateBackend:
         return self
@@ -527,6 +583,13 @@ def _step_back_if_ahead(
     if current or held - 1 > wanted:
         return
     copy.step_back(version=held - 1, attempt=history.attempt(held - 1))
+
+
+def _out_of_range(name: str, partition: int, count: int) -> ConfigMismatchError:
+    return ConfigMismatchError(
+        f"partition {partition} is out of range: operator {name!r} has {count} "
+        f"partitions (0..{count - 1}) in this checkpoint root"
+    )
 
 
 def _check_partitions(partitions: object) -> None:
