@@ -19,6 +19,12 @@ _COMPRESSIONS = ("zstd", "none")
 # changelog format's bound on one body).
 _MIN_PART_BYTES = 64
 _MAX_PART_BYTES = 2**31
+# Upper bounds that no machine reaches, so that a typo fails here and not as an overflow
+# deep in RocksDB or a MemoryError mid-upload: a chunk is one PUT (S3 takes at most 5 GiB
+# in one); RocksDB's memory settings count bytes in 64 bits, far above a terabyte.
+_MAX_CHUNK_BYTES = 5 * 2**30
+_MAX_MB = 2**20
+_MAX_IO_THREADS = 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,8 +42,9 @@ class StoreConfig:
         retain_versions: how many of the newest versions stay restorable.
         orphan_ttl_s: grace period before a blob that no committed version references may be
             deleted by garbage collection.
-        chunk_size: largest blob a snapshot file is split into, in bytes.
-        io_threads: parallel transfers per call (uploads, downloads).
+        chunk_size: largest blob a snapshot file is split into, in bytes (at most 5 GiB,
+            the most S3 takes in one upload).
+        io_threads: parallel transfers per call (uploads, downloads), at most 1024.
         compression: changelog body compression, ``"zstd"`` or ``"none"``.
         compression_level: zstd level for changelog bodies. The default, 1, compresses
             framed changes to within 1% of level 3's size (measured on 10,000 records of
@@ -48,7 +55,8 @@ class StoreConfig:
             local working copy; bounds how far a hard crash can set the local copy back
             (it is then caught up from the changelogs).
         write_buffer_mb: largest RocksDB memtable of one working copy (at most half of
-            ``rocksdb_memory_mb`` is used).
+            ``rocksdb_memory_mb`` is used). This and the other sizes in MiB go up to 2**20
+            (1 TiB).
         background_write_mb_s: most bytes per second (in MiB) RocksDB's flushes and
             compactions of one working copy write; 0: no limit. Unlimited, a compaction
             (after a bulk load, say) fills the disk queue that the fsync of a commit's
@@ -112,11 +120,11 @@ class StoreConfig:
                 f"{_MAX_PART_BYTES}], got {self.changelog_part_bytes!r}"
             )
         _int_at_least("retain_versions", self.retain_versions)
-        _int_at_least("chunk_size", self.chunk_size)
-        _int_at_least("io_threads", self.io_threads)
-        _int_at_least("write_buffer_mb", self.write_buffer_mb)
-        _int_at_least("background_write_mb_s", self.background_write_mb_s, low=0)
-        _int_at_least("rocksdb_memory_mb", self.rocksdb_memory_mb)
+        _int_at_least("chunk_size", self.chunk_size, high=_MAX_CHUNK_BYTES)
+        _int_at_least("io_threads", self.io_threads, high=_MAX_IO_THREADS)
+        _int_at_least("write_buffer_mb", self.write_buffer_mb, high=_MAX_MB)
+        _int_at_least("background_write_mb_s", self.background_write_mb_s, low=0, high=_MAX_MB)
+        _int_at_least("rocksdb_memory_mb", self.rocksdb_memory_mb, high=_MAX_MB)
         _int_at_least("max_open_stores", self.max_open_stores)
         if (
             isinstance(self.compression_level, bool)
@@ -146,9 +154,12 @@ class StoreConfig:
         return os.fspath(self.local_dir)
 
 
-def _int_at_least(name: str, value: object, *, low: int = 1) -> None:
+def _int_at_least(name: str, value: object, *, low: int = 1, high: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"StoreConfig.{name} must be an int >= {low}, got {value!r}")
+        wanted = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"StoreConfig.{name} must be an int {wanted}, got {value!r}")
+    if high is not None and value > high:
+        raise ValueError(f"StoreConfig.{name} must be an int in [{low}, {high}], got {value!r}")
 
 
 def _non_negative(name: str, value: object) -> None:
