@@ -217,6 +217,17 @@ def test_bad_requests_are_refused_naming_what_was_found(tmp_path: Path) -> None:
         repartition(root, OP, partitions=0, config=cfg)
     with pytest.raises(sk.ConfigMismatchError, match="'counts' exists in the root"):
         repartition(root, OP, partitions=3, to=OP, config=cfg)
+    # Once a dict config fell back on the backend's (or failed later with AttributeError).
+    with (
+        sk.StateBackend(root, config=cfg) as backend,
+        pytest.raises(TypeError, match="config must be a StoreConfig or None, got dict"),
+    ):
+        repartition(backend, OP, partitions=3, config={})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="workers must be an int >= 1 or None, got -1"):
+        repartition(root, OP, partitions=3, config=cfg, workers=-1)
+    with pytest.raises(TypeError, match="progress must be callable or None, got int"):
+        repartition(root, OP, partitions=3, config=cfg, progress=5)  # type: ignore[arg-type]
+    assert state_of(root, tmp_path, "after").keys() == {0, 1}
 
 
 def test_a_partition_ahead_of_the_cut_is_read_at_the_cut(tmp_path: Path) -> None:

@@ -178,6 +178,14 @@ def repartition(
         StateNotFoundError, CorruptStateError, StorageError: restoring an old store failed.
     """
     started = time.perf_counter()
+    if config is not None and not isinstance(config, StoreConfig):
+        raise TypeError(f"config must be a StoreConfig or None, got {type(config).__name__}")
+    if workers is not None and (
+        isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
+    ):
+        raise ValueError(f"workers must be an int >= 1 or None, got {workers!r}")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
     backend = root if isinstance(root, StateBackend) else StateBackend(
         root, config=config, storage_options=storage_options
     )  # fmt: skip

@@ -196,6 +196,20 @@ def test_put_many_refuses_a_foreign_key_among_many_and_puts_none(
         assert len(list(store.scan(b"\x08"))) == 100
 
 
+def test_bulk_writes_of_a_partition_store_name_a_malformed_argument(
+    backend: StateBackend,
+) -> None:
+    with backend.open("op", 1) as store:
+        view = PartitionStore(store, batch_id=0, partition=1, key_groups=4096, partitions=2)
+        with pytest.raises(TypeError, match=r"items must be an iterable of \(key, value\) pairs"):
+            view.put_many(None)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="put_many's keys must be an iterable of bytes"):
+            view.put_many(7, [b"1"])  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="keys must be an iterable of bytes, got one bytes"):
+            view.delete_many(b"\x08\x00k")
+        assert list(store.scan()) == []
+
+
 def test_put_many_of_keys_and_values_checks_key_groups_too(backend: StateBackend) -> None:
     """The columnar form is checked as the pairs are: a foreign key anywhere refuses all."""
     with backend.open("op", 1) as store:

@@ -145,6 +145,10 @@ def test_reading_a_store_the_root_lacks_neither_registers_it_nor_pretends_it_exi
             backend.export("ops", 2, tmp_path / "out")
         assert backend.operators() == {"ops": 2}
         assert backend.versions("ops", 1) == [0]
+        with pytest.raises(TypeError, match="progress must be callable or None, got int"):
+            backend.verify(progress=5)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="progress must be callable or None, got int"):
+            backend.export("ops", 0, tmp_path / "out", progress=5)  # type: ignore[arg-type]
     assert not (tmp_path / "out").exists()
     assert sorted(p.name for p in (tmp_path / "root").iterdir()) == [layout.ROOT_METADATA, "ops"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -295,6 +296,30 @@ def test_put_many_is_put_pair_by_pair_and_refuses_a_bad_pair_whole(
         store.commit()
     with backend.open("op", partition=0) as store:
         assert dict(store.scan()) == {b"a": b"4", b"b": b"22", b"c": b"3"}
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda s: s.multi_get(b"k"), "keys must be an iterable of bytes, got one bytes object"),
+        (lambda s: s.multi_get(None), "keys must be an iterable of bytes, got NoneType"),
+        (lambda s: s.put_many(None), "items must be an iterable of .key, value. pairs, got None"),
+        (lambda s: s.put_many([1]), "pairs, or keys and values; got an item of type int"),
+        (lambda s: s.put_many(b"kv"), "items must be an iterable of .key, value. pairs, got one"),
+        (lambda s: s.put_many([b"k"], None), "got an item of type|pairs, or keys and values"),
+        (lambda s: s.put_many(5, [b"v"]), "put_many's keys must be an iterable of bytes, got int"),
+        (lambda s: s.put_many([b"k"], b"v"), "put_many's values must be an iterable of bytes"),
+    ],
+)
+def test_bulk_calls_with_something_other_than_an_iterable_of_keys_say_what_they_expected(
+    backend: sk.StateBackend, call: Any, message: str
+) -> None:
+    """``multi_get(b"k")`` once read the bytes as int keys ("key must be bytes, got int") and
+    ``put_many(None)`` raised Python's own "'NoneType' object is not iterable"."""
+    with backend.open("op", partition=0) as store:
+        with pytest.raises((TypeError, ValueError), match=message):
+            call(store)
+        assert store.multi_get([b"k"]) == [None]
 
 
 def test_put_many_of_keys_and_values_is_put_many_of_pairs(backend: sk.StateBackend) -> None:

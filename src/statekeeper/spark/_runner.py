@@ -16,7 +16,7 @@ from statekeeper.keyed import group_prefix, key_group_range
 from statekeeper.keyed.arrow_keys import encode_keys
 from statekeeper.keyed.output import conform_batch
 from statekeeper.keyed.runner import KEY_GROUP_COLUMN, RunStats, iter_groups, run_processor
-from statekeeper.store import StateStore
+from statekeeper.store import StateStore, listed
 
 __all__ = [
     "ArrowFunction",
@@ -144,7 +144,7 @@ class PartitionStore:
                 owns (then nothing is put).
         """
         if values is None:
-            pairs: list[Any] = items if isinstance(items, list) else list(items)
+            pairs = listed(items, "put_many's items", "(key, value) pairs")
             try:
                 keys: list[Any] = list(map(operator.itemgetter(0), pairs))
             except (TypeError, IndexError):  # not pairs: the store says what it expected
@@ -152,7 +152,7 @@ class PartitionStore:
             self._check_many(keys)
             self._store.put_many(pairs)
             return
-        keys = items if isinstance(items, list) else list(items)
+        keys = listed(items, "put_many's keys")
         self._check_many(keys)
         self._store.put_many(keys, values)
 
@@ -170,9 +170,14 @@ class PartitionStore:
                 self._check(key)
 
     def delete_many(self, keys: Iterable[bytes]) -> None:
-        """Delete every key."""
+        """Delete every key.
+
+        Raises:
+            TypeError, ValueError: as :meth:`StateStore.delete`, or ``keys`` is not an
+                iterable of keys (then nothing is deleted).
+        """
         delete = self._store.delete
-        for key in keys:
+        for key in listed(keys, "keys"):
             delete(key)
 
 

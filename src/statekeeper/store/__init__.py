@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from statekeeper.store._backend import StateBackend
 from statekeeper.store._export import ExportInfo
+from statekeeper.store._overlay import listed
 from statekeeper.store._rescale import (
     ParentCopy,
     StoreRescale,
@@ -33,5 +34,6 @@ __all__ = [
     "checked_items",
     "finish_pending_rescale",
     "latest_versions",
+    "listed",
     "remove_unused_copy",
 ]

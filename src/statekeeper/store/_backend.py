@@ -320,9 +320,12 @@ class StateBackend:
         """Check every reference and, with ``deep``, every checksum of every store.
 
         Raises:
+            TypeError: ``progress`` is not callable.
             StorageError: a listing or read failed for a reason other than a missing blob.
+            StateKeeperError: the backend is closed.
         """
         self._check_open()
+        _check_progress(progress)
         meta = self._registry.read()
         report = verify_root(
             self._blobs, self._operators(), deep=deep, progress=progress,
@@ -425,12 +428,14 @@ class StateBackend:
 
         Raises:
             FileExistsError: ``to`` exists and is not an empty directory.
+            TypeError: ``progress`` is not callable.
             ValueError: ``to`` lies inside a local root.
             StateNotFoundError: the root has no operator ``name``; or as :meth:`open`.
             ConfigMismatchError: the operator has no partition ``partition``.
             CorruptStateError, StorageError: as :meth:`open`.
         """
         self._existing(name, partition)
+        _check_progress(progress)
         _refuse_inside_root(self._blobs.uri, os.fspath(to), "the export target")
         target = prepare_target(to)
         staging = staging_dir(target)
@@ -583,6 +588,11 @@ def _step_back_if_ahead(
     if current or held - 1 > wanted:
         return
     copy.step_back(version=held - 1, attempt=history.attempt(held - 1))
+
+
+def _check_progress(progress: object) -> None:
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
 
 
 def _out_of_range(name: str, partition: int, count: int) -> ConfigMismatchError:

@@ -15,7 +15,7 @@ from typing import Any
 
 from statekeeper.changelog import MAX_ITEM_LENGTH, Columns
 
-__all__ = ["as_columns", "as_key", "as_keys", "as_value", "merge", "sorted_columns"]
+__all__ = ["as_columns", "as_key", "as_keys", "as_value", "listed", "merge", "sorted_columns"]
 
 
 def as_key(key: object) -> bytes:
@@ -60,10 +60,10 @@ def as_keys(keys: Iterable[object]) -> list[bytes]:
     Raises:
         TypeError, ValueError: as :func:`as_key`, for any key.
     """
-    keys = keys if isinstance(keys, list) else list(keys)
+    keys = listed(keys, "keys")
     lengths = list(map(len, keys)) if keys and set(map(type, keys)) == {bytes} else None
     if lengths and min(lengths) > 0 and max(lengths) <= MAX_ITEM_LENGTH:
-        return keys  # type: ignore[return-value]
+        return keys
     return [as_key(k) for k in keys]
 
 
@@ -99,18 +99,46 @@ def _split(items: Iterable[object], values: Iterable[object] | None) -> tuple[li
         ValueError: an item is not a pair, or ``values`` has another length than the keys.
     """
     if values is not None:
-        keys = items if isinstance(items, list) else list(items)
-        column = values if isinstance(values, list) else list(values)
+        keys = listed(items, "put_many's keys")
+        column = listed(values, "put_many's values")
         if len(keys) != len(column):
             raise ValueError(
                 f"put_many takes one value per key: expected {len(keys)} values, "
                 f"found {len(column)}"
             )
         return keys, column
-    pairs = items if isinstance(items, list) else list(items)
-    if pairs and set(map(len, pairs)) != {2}:
+    pairs = listed(items, "put_many's items", "(key, value) pairs")
+    try:
+        lengths = set(map(len, pairs))
+    except TypeError:
+        found = next(type(p).__name__ for p in pairs if not hasattr(p, "__len__"))
+        raise TypeError(
+            f"put_many takes (key, value) pairs, or keys and values; got an item of type {found}"
+        ) from None
+    if pairs and lengths != {2}:
         raise ValueError("put_many takes (key, value) pairs, or keys and values")
     return list(map(operator.itemgetter(0), pairs)), list(map(operator.itemgetter(1), pairs))
+
+
+def listed(items: Iterable[Any], what: str, of: str = "bytes") -> list[Any]:
+    """``items`` as a list.
+
+    Raises:
+        TypeError: ``items`` is not iterable, or is one bytes or str object (whose
+            iteration would yield ints or characters, not keys).
+    """
+    if isinstance(items, list):
+        return items
+    if isinstance(items, bytes | bytearray | memoryview | str):
+        raise TypeError(
+            f"{what} must be an iterable of {of}, got one {type(items).__name__} object "
+            "(wrap a single key in a list)"
+        )
+    try:
+        iterator = iter(items)
+    except TypeError:
+        raise TypeError(f"{what} must be an iterable of {of}, got {type(items).__name__}") from None
+    return list(iterator)
 
 
 def sorted_columns(pending: dict[bytes, bytes | None]) -> Columns:
