@@ -205,10 +205,20 @@ def test_gc_with_the_default_retention_keeps_everything(local: Built) -> None:
     assert "snap/0" in result.stdout
 
 
-def test_gc_bad_options_are_usage_errors(local: Built) -> None:
-    result = run("gc", local.uri, "--retain-versions", "0")
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--retain-versions", "0"),
+        ("--orphan-ttl", "-1"),
+        ("--orphan-ttl", "nan"),
+        ("--orphan-ttl", "inf"),
+    ],
+)
+def test_gc_bad_options_are_usage_errors(local: Built, option: str, value: str) -> None:
+    """nan once passed the option's range and came back as the config field's error."""
+    result = run("gc", local.uri, option, value)
     assert result.exit_code == 2
-    assert "--retain-versions" in one_error_line(result)
+    assert option in one_error_line(result)
 
 
 @needs_gc

@@ -6,6 +6,7 @@ reports (:class:`~statekeeper.VerifyReport`, :class:`~statekeeper.GcReport`).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import click
@@ -84,6 +85,13 @@ def _print_verify(console: Console, doc: dict[str, Any]) -> None:
     )
 
 
+def _finite(seconds: float | None) -> float | None:
+    """FloatRange lets nan (which compares false with the bound) and inf through."""
+    if seconds is not None and not math.isfinite(seconds):
+        raise click.BadParameter(f"{seconds} is not a finite number of seconds")
+    return seconds
+
+
 @cli.command()
 @root_arguments
 @click.option("--dry-run", is_flag=True, help="Show what would be deleted; delete nothing.")
@@ -98,6 +106,7 @@ def _print_verify(console: Console, doc: dict[str, Any]) -> None:
 @click.option(
     "--orphan-ttl",
     type=click.FloatRange(min=0),
+    callback=lambda _ctx, _param, value: _finite(value),
     default=None,
     metavar="SECONDS",
     help="Delete blobs no version references only once older than this "
