@@ -162,7 +162,10 @@ class StoreCache:
                 storage_options=dict(spec.storage_options) or None,
             )
             with self._mutex:
-                backend = self._backends.setdefault(key, backend)
+                kept = self._backends.setdefault(key, backend)
+            if kept is not backend:  # another thread made one first: use it, close ours
+                backend.close()
+            backend = kept
         return backend
 
     def acquire(

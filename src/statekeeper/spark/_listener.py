@@ -171,8 +171,8 @@ class StateListener(StreamingQueryListener):
         Raises:
             TimeoutError: writes are still running after ``timeout`` seconds.
         """
-        with self._cond:
-            pending, self._pending = self._pending, []
+        with self._cond:  # a copy: a flush at the same time waits for the same work
+            pending = list(self._pending)
         deadline = time.monotonic() + timeout
         for future in pending:
             future.exception(timeout=max(0.0, deadline - time.monotonic()))
