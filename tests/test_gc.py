@@ -159,6 +159,11 @@ def test_gc_never_deletes_the_files_of_a_snapshot_still_uploading(
         store.put(b"k99", b"x")
         store.commit()  # version 10: a background snapshot starts and is held mid-upload
         assert blobs.started.wait(timeout=60)
+    # The files landed 1000 s ago, as far as the root can tell: older than the 300 s floor
+    # a TTL of 0 is raised to, so age alone no longer keeps them in the same process.
+    landed = time.time() - 1000
+    for path in (tmp_path / "root" / "op" / "0" / "files").iterdir():
+        os.utime(path, (landed, landed))
     if same_process:  # the same backend knows the upload is in flight, even with TTL 0
         collector = uploader
     else:  # another process only has the TTL to go by
@@ -169,6 +174,7 @@ def test_gc_never_deletes_the_files_of_a_snapshot_still_uploading(
     gc_thread = threading.Thread(target=collector.gc)
     gc_thread.start()
     gc_thread.join(timeout=60)
+    assert not gc_thread.is_alive(), "the GC waited for the upload instead of running beside it"
     blobs.gate.set()
     uploader.wait_for_snapshots()
     cold = sk.StateBackend(str(tmp_path / "root"), config=_config(tmp_path, "cold"))

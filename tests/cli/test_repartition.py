@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import signal
@@ -82,11 +83,20 @@ def _metadata(root: str) -> bytes:
     return (Path(root) / layout.ROOT_METADATA).read_bytes()
 
 
-def _kill_cli(root: str, rng: random.Random, duration: float) -> bool:
+def _child_env(tmp: Path) -> dict[str, str]:
+    """The environment of a child that may be killed: its temporary folders (the
+    repartition's work folder) in ``tmp``, not left in the system's."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "TMPDIR": str(tmp)}
+
+
+def _kill_cli(root: str, rng: random.Random, duration: float, tmp: Path) -> bool:
     """Run ``statekeeper repartition`` and SIGKILL it after a seeded delay; True if killed."""
     command = [sys.executable, "-m", "statekeeper", "repartition", root, OP,
                "--partitions", "7", "--json"]  # fmt: skip
-    child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_child_env(tmp)
+    )
     try:
         child.wait(timeout=rng.uniform(0.1, duration))
     except subprocess.TimeoutExpired:
@@ -99,7 +109,10 @@ def _kill_cli(root: str, rng: random.Random, duration: float) -> bool:
 def _kill_at_put(root: str, work: Path, rng: random.Random) -> bool:
     """Run the library in a child that SIGKILLs itself at a seeded blob write."""
     command = [sys.executable, "-c", _PUT_CHILD, root, str(work), str(rng.randint(1, 80)), "7"]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, timeout=300, check=False)
+    done = subprocess.run(
+        command, cwd=REPO, capture_output=True, timeout=300, check=False,
+        env=_child_env(work / "tmp"),
+    )  # fmt: skip
     assert done.returncode in (0, -signal.SIGKILL), done.stderr.decode()[-2000:]
     return done.returncode == -signal.SIGKILL
 
@@ -122,7 +135,7 @@ def test_sigkill_at_random_points_leaves_the_root_as_it_was_or_done(tmp_path: Pa
         if seed % 2:
             killed = _kill_at_put(root, tmp_path / f"work{seed}", rng)
         else:
-            killed = _kill_cli(root, rng, duration)
+            killed = _kill_cli(root, rng, duration, tmp_path / f"tmp{seed}")
         with sk.StateBackend(root, config=config(tmp_path, f"check{seed}")) as backend:
             count = backend.operators()[OP]
         outcomes.append((killed, count))

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -91,20 +92,28 @@ def test_readers_never_see_a_partial_blob(store: LocalBlobStore) -> None:
     versions = (b"a" * (4 << 20), b"b" * (4 << 20))
     store.put("big", versions[0])
     done = threading.Event()
+    failed: list[BaseException] = []
 
     def writer() -> None:
-        for i in range(20):
-            store.put("big", versions[(i + 1) % 2], overwrite=True)
-        done.set()
+        try:
+            for i in range(20):
+                store.put("big", versions[(i + 1) % 2], overwrite=True)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            failed.append(exc)
+        finally:
+            done.set()  # a failed put must not leave the reader spinning
 
     thread = threading.Thread(target=writer)
     thread.start()
+    deadline = time.monotonic() + 120
     reads = 0
     while not done.is_set() or reads == 0:
         assert store.get("big") in versions
         reads += 1
+        assert time.monotonic() < deadline, "the writer never finished"
     thread.join()
-    assert reads > 0
+    assert failed == []
+    assert store.get("big") == versions[0]  # 20 overwrites, alternating, end where they began
 
 
 @pytest.mark.parametrize("key", ["../escape", "a/../../escape", "/etc/passwd", "a/../b"])

@@ -635,22 +635,40 @@ def test_a_reopen_waits_for_the_closed_store_s_snapshot_before_rebuilding_the_co
     in the same process: the copy is rebuilt. The old job recorded its lineage when done,
     over the rebuilt copy's, so the next upload trusted file names against another
     database's files."""
-    upload = _snapshots.upload_snapshot
+    upload, wait = _snapshots.upload_snapshot, _snapshots.Snapshotter.wait
+    gate, waiting = threading.Event(), threading.Event()
 
-    def slow_upload(*args: object, **kwargs: object) -> object:
-        time.sleep(0.5)
+    def gated_upload(*args: object, **kwargs: object) -> object:
+        assert gate.wait(60)
         return upload(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(_snapshots, "upload_snapshot", slow_upload)
+    def seen_wait(self: _snapshots.Snapshotter, store: tuple[str, int] | None = None) -> None:
+        if store == ("op", 0):
+            waiting.set()
+        wait(self, store)
+
+    monkeypatch.setattr(_snapshots, "upload_snapshot", gated_upload)
+    monkeypatch.setattr(_snapshots.Snapshotter, "wait", seen_wait)
     backend = sk.StateBackend(
         str(tmp_path / "root"), config=_config(tmp_path, "w", snapshot_every=2, io_threads=1)
     )
     first = backend.open("op", 0)
     for v in range(2):
         first.put(b"k%d" % v, b"v")
-        first.commit()  # version 2 schedules a snapshot
+        first.commit()  # version 2 schedules a snapshot, held at the gate
     first.close()  # without waiting for it
-    again = backend.open("op", 0, 0)  # the copy is two commits ahead: rebuilt empty
+    opened: list[sk.StateStore] = []
+    reopen = threading.Thread(target=lambda: opened.append(backend.open("op", 0, 0)))
+    reopen.start()  # the copy is two commits ahead: rebuilt empty
+    # The upload goes on once the reopen waits for it, or, were it not to wait, has rebuilt
+    # the copy: then the job records its lineage over the rebuilt copy's, as it once did.
+    deadline = time.monotonic() + 60
+    while not waiting.is_set() and reopen.is_alive():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    gate.set()
+    reopen.join(60)
+    (again,) = opened
     backend.wait_for_snapshots()
     assert again.restore_info.base_kind != "local"
     lineage = again._copy.lineage
