@@ -3,10 +3,13 @@ real local root, with TTL and timer index entries, the operator record and event
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +33,8 @@ from statekeeper.keyed._layout import (
 )
 from statekeeper.repartition import plan_parents, repartition
 from statekeeper.snapshot import SnapshotIndex, iter_files, referenced_blob_keys
-from statekeeper.store import DEFAULT_KEY_GROUPS, Rescale
+from statekeeper.store import DEFAULT_KEY_GROUPS, Rescale, _rescale
+from tests.blobstores import SimulatedCrash
 
 G = DEFAULT_KEY_GROUPS
 OP = "counts"
@@ -342,3 +346,42 @@ def test_a_commit_during_the_rescale_refuses_the_switch(tmp_path: Path) -> None:
         repartition(root, OP, partitions=4, config=config(tmp_path, "r"), progress=meanwhile)
     assert committed == [2]
     assert (Path(root) / layout.ROOT_METADATA).read_bytes() == before
+
+
+def test_gc_finishes_a_repartition_that_died_after_its_commit_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after the root switched to the new stores and before their manifests were
+    written, nothing named the new stores' snapshots: a GC once their blobs outlived the
+    orphan TTL deleted them all, and every partition failed to open for good."""
+    root, everything = build_root(tmp_path, 2)
+    finish = _rescale.complete_rescale
+
+    def die_if_pending(blobs: Any, registry: Any, meta: Any, operator: str, **kw: Any) -> Any:
+        rescale = meta.rescales.get(operator)
+        if rescale is not None and rescale.pending:
+            raise SimulatedCrash("killed right after the commit point")
+        return finish(blobs, registry, meta, operator, **kw)
+
+    monkeypatch.setattr(_rescale, "complete_rescale", die_if_pending)
+    with pytest.raises(SimulatedCrash):
+        repartition(root, OP, partitions=4, config=config(tmp_path, "r"))
+    monkeypatch.undo()
+    two_hours_ago = time.time() - 7200  # the TTL below is one hour
+    for path in Path(root).rglob("*"):
+        if path.is_file():
+            os.utime(path, (two_hours_ago, two_hours_ago))
+    gc_config = dataclasses.replace(config(tmp_path, "gc"), orphan_ttl_s=3600)
+    with sk.StateBackend(root, config=gc_config) as backend:
+        metadata = (Path(root) / layout.ROOT_METADATA).read_bytes()
+        assert backend.gc(dry_run=True).deleted_blobs == 0  # writes nothing, deletes nothing
+        assert (Path(root) / layout.ROOT_METADATA).read_bytes() == metadata
+        meta = backend.root_metadata()
+        assert meta is not None
+        assert meta.rescales[OP].pending
+        backend.gc()
+        meta = backend.root_metadata()
+        assert meta is not None
+        assert not meta.rescales[OP].pending
+        assert meta.operators[OP] == 4
+    check_layout(state_of(root, tmp_path, "read"), everything)

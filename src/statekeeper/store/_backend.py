@@ -293,15 +293,27 @@ class StateBackend:
         blobs no committed version references are deleted once older than
         ``orphan_ttl_s``. Safe to run at any time, from any process, repeatedly.
 
+        A repartition that died after its commit point left new stores that no manifest
+        names yet: a run first finishes it, as opening the operator would (without that,
+        once their blobs outlived ``orphan_ttl_s``, it deleted every new store). A dry run
+        writes nothing, so it leaves such an operator out.
+
         Raises:
             StorageError: a listing or delete failed; a later run finishes the job.
+            CommitConflictError, CorruptStateError: as :meth:`open`, finishing a repartition.
         """
         self._check_open()
         meta = self._registry.read()
+        pending = [] if meta is None else sorted(n for n, r in meta.rescales.items() if r.pending)
+        for name in [] if dry_run else pending:
+            assert meta is not None
+            meta = complete_rescale(
+                self._blobs, self._registry, meta, name, io_threads=self._config.io_threads
+            )
         return collect_garbage(
             self._blobs,
             self._config,
-            self._operators(),
+            [o for o in self._operators() if not (dry_run and o in pending)],
             dry_run=dry_run,
             busy=self._snapshotter.uploading(),
             root_id="" if meta is None else meta.root_id,
