@@ -84,6 +84,7 @@ from statekeeper.manifest import (
     LEGACY_ATTEMPT,
     MANIFEST_GRACE_S,
     StoreManifest,
+    read_newest_after_conflict,
     read_newest_manifest,
     with_base,
     write_manifest,
@@ -373,7 +374,8 @@ def _plan_manifest_store(
     report.latest, report.base = manifest.latest, manifest.base
     report.oldest_retained = _oldest_retained(manifest, st)
     old = st.now - st.config.orphan_ttl_s
-    superseded = _superseded(st, metas, st.now - min(st.config.orphan_ttl_s, MANIFEST_GRACE_S))
+    grace = st.now - min(st.config.orphan_ttl_s, MANIFEST_GRACE_S)
+    superseded = _superseded(metas, grace, upto=manifest.seq)
     doomed: list[BlobMeta] = []
     for m in metas:
         if (metrics_version := layout.parse_metrics_key(m.key)) is not None:
@@ -441,11 +443,7 @@ def _advance_base(st: _Store, manifest: StoreManifest, metas: list[BlobMeta]) ->
             write_manifest(st.blobs, new)
         except CommitConflictError:
             # A commit or a snapshot won the sequence number: decide again on the newest.
-            newest = read_newest_manifest(
-                st.blobs, root_id=st.root_id, operator=st.operator, partition=st.partition
-            )
-            assert newest is not None
-            manifest = newest
+            manifest = read_newest_after_conflict(st.blobs, new, root_id=st.root_id)
             continue
         return new
     return manifest
@@ -563,10 +561,14 @@ def _shared_blobs(
     return frozenset(shared)
 
 
-def _superseded(st: _Store, metas: list[BlobMeta], old: float) -> set[str]:
-    """Manifests whose successor was written before ``old`` (never the newest)."""
+def _superseded(metas: list[BlobMeta], old: float, *, upto: int) -> set[str]:
+    """Manifests below sequence number ``upto`` (that of the manifest this run read, the
+    newest readable one) whose successor was written before ``old``. Never the one read nor
+    any above it: with the newest manifest damaged, the one before it is all readers have."""
     manifests = sorted(
-        (seq, m) for m in metas if (seq := layout.parse_manifest_key(m.key)) is not None
+        (seq, m)
+        for m in metas
+        if (seq := layout.parse_manifest_key(m.key)) is not None and seq <= upto
     )
     return {
         m.key

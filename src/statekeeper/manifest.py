@@ -90,6 +90,7 @@ __all__ = [
     "fenced",
     "names_snapshot",
     "owns",
+    "read_newest_after_conflict",
     "read_newest_manifest",
     "retire",
     "with_base",
@@ -555,6 +556,39 @@ def read_newest_manifest(
             f"no manifest of store {operator}/{partition} is readable: {'; '.join(errors)}"
         )
     return None
+
+
+def read_newest_after_conflict(
+    blobs: BlobStore, lost: StoreManifest, *, root_id: str
+) -> StoreManifest:
+    """The manifest to decide on again after the write of ``lost`` found its sequence
+    number taken: the newest readable one.
+
+    If that is older than ``lost``, the blob under ``lost.seq`` exists but cannot be read
+    (a damaged manifest, which :func:`read_newest_manifest` skips): the readable one is
+    returned with ``lost``'s sequence number, so that the next write goes past the damaged
+    one instead of losing the same race forever (WARNING).
+
+    Raises:
+        CorruptStateError: every manifest of the store fails its checks.
+        StateNotFoundError: the store has no manifest any more.
+        StorageError: listing or reading failed.
+    """
+    newest = read_newest_manifest(
+        blobs, root_id=root_id, operator=lost.operator, partition=lost.partition
+    )
+    if newest is None:
+        raise StateNotFoundError(
+            f"the manifests of store {lost.operator}/{lost.partition} disappeared"
+        )
+    if newest.seq >= lost.seq:
+        return newest
+    key = layout.manifest_key(lost.operator, lost.partition, lost.seq)
+    _log.warning(
+        "manifest %s cannot be read: the next one is written past it, from manifest %s", key,
+        newest.seq,
+    )  # fmt: skip
+    return replace(newest, seq=lost.seq)
 
 
 def write_manifest(blobs: BlobStore, manifest: StoreManifest) -> str:

@@ -437,3 +437,59 @@ def test_a_re_run_whose_version_gc_collects_while_it_compares_is_refused_not_los
     assert 1 not in found  # collected
     with _backend(tmp_path, "reader").open("op", 0) as store:
         assert (store.version, store.get(b"k")) == (4, b"v4")
+
+
+def _manifest_seqs(tmp: Path) -> list[int]:
+    folder = tmp / "root" / layout.manifest_prefix("op", 0)
+    return sorted(
+        seq
+        for p in folder.iterdir()
+        if (seq := layout.parse_manifest_key(layout.manifest_prefix("op", 0) + p.name)) is not None
+    )
+
+
+def _age_manifests(tmp: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    for path in (tmp / "root" / layout.manifest_prefix("op", 0)).iterdir():
+        os.utime(path, (then, then))
+
+
+def test_a_damaged_newest_manifest_is_written_past_and_gc_keeps_the_one_readers_use(
+    tmp_path: Path,
+) -> None:
+    """Readers skip a damaged newest manifest for the one before it. A commit then lost
+    the race for the damaged one's sequence number forever (it spun, fsyncing, and a Spark
+    task hung), and a GC deleted the readable one once the damaged one was 15 minutes old:
+    the store no longer opened at all."""
+    with _backend(tmp_path, "w") as backend, backend.open("op", 0, partitions=1) as store:
+        for v in range(1, 4):
+            store.put(b"k", b"%d" % v)
+            store.commit()
+    assert _manifest_seqs(tmp_path) == [1, 2, 3]
+    damaged = tmp_path / "root" / layout.manifest_key("op", 0, 3)
+    data = bytearray(damaged.read_bytes())
+    data[-5] ^= 1  # one flipped bit: bit rot, a copy cut short
+    damaged.write_bytes(bytes(data))
+    _age_manifests(tmp_path, MANIFEST_GRACE_S + 60)
+    with _backend(tmp_path, "gc") as backend:
+        backend.gc()
+    assert _manifest_seqs(tmp_path) == [2, 3]  # manifest 2 is what readers have
+    with _backend(tmp_path, "w") as backend:
+        store = backend.open("op", 0)
+        assert (store.version, store.get(b"k")) == (2, b"2")
+        store.put(b"k", b"new")
+        done: list[object] = []
+        committing = threading.Thread(target=lambda: done.append(store.commit()), daemon=True)
+        committing.start()
+        committing.join(60)
+        assert done, "the commit never got past the damaged manifest"
+        store.close()
+    assert _manifest_seqs(tmp_path) == [2, 3, 4]
+    with _backend(tmp_path, "r") as backend, backend.open("op", 0) as store:
+        assert (store.version, store.get(b"k")) == (3, b"new")
+    _age_manifests(tmp_path, MANIFEST_GRACE_S + 60)
+    with _backend(tmp_path, "gc2") as backend:
+        backend.gc()
+    assert _manifest_seqs(tmp_path) == [4]
+    with _backend(tmp_path, "r2") as backend, backend.open("op", 0) as store:
+        assert (store.version, store.get(b"k")) == (3, b"new")

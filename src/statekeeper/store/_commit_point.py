@@ -33,6 +33,7 @@ from statekeeper.manifest import (
     fenced,
     names_snapshot,
     owns,
+    read_newest_after_conflict,
     read_newest_manifest,
     with_snapshot,
     write_manifest,
@@ -112,7 +113,7 @@ class CommitPoint:
                 try:
                     write_manifest(self._blobs, new)
                 except CommitConflictError:
-                    manifest = self._newest()  # another process wrote one
+                    manifest = self._after_conflict(new)  # another process wrote one
                     continue
                 self._know(new)
                 return new
@@ -245,7 +246,7 @@ class CommitPoint:
                 try:
                     write_manifest(self._blobs, new)
                 except CommitConflictError:
-                    manifest = newest = self._newest()
+                    manifest = newest = self._after_conflict(new)
                     continue
                 self._know(new)
                 return None
@@ -295,9 +296,15 @@ class CommitPoint:
                     try:
                         write_manifest(self._blobs, manifest)
                     except CommitConflictError:
+                        newest = self._after_conflict(manifest)
                         continue
                 self._know(manifest)
                 return adopted
+
+    def _after_conflict(self, lost: StoreManifest) -> StoreManifest:
+        """The newest manifest after the write of ``lost`` lost its sequence number (past a
+        damaged manifest there: :func:`~statekeeper.manifest.read_newest_after_conflict`)."""
+        return read_newest_after_conflict(self._blobs, lost, root_id=self._root_id)
 
     def _newest(self, *, none_yet: bool = False) -> StoreManifest:
         """The newest manifest; with ``none_yet`` (the known one is the empty store's, from
