@@ -298,10 +298,14 @@ def decide(
             f"{where}: version {version} is final: version {manifest.latest} was built on "
             f"it (manifest {manifest.seq}); a re-run may only replace the newest version"
         )
-    if parent_attempt is not None and loaded is not None and loaded.attempt != parent_attempt:
+    # A base's entry is dropped, but its snapshot still names the content's attempt: a
+    # store left open on a version that a re-run replaced and GC then made the base (or a
+    # rescale started a new store at) must be refused all the same.
+    now = loaded.attempt if loaded is not None else manifest.attempt_of(parent)
+    if parent_attempt is not None and now and now != parent_attempt:
         raise CommitConflictError(
             f"{where}: attempt {attempt} was built on version {parent} of attempt "
-            f"{parent_attempt}, but version {parent} is now attempt {loaded.attempt} "
+            f"{parent_attempt}, but version {parent} is now attempt {now} "
             f"(manifest {manifest.seq}): a re-run replaced it after this store loaded it, so "
             "its changes were made on other content; reopen the store to continue from the "
             "newest version"

@@ -493,3 +493,31 @@ def test_a_damaged_newest_manifest_is_written_past_and_gc_keeps_the_one_readers_
     assert _manifest_seqs(tmp_path) == [4]
     with _backend(tmp_path, "r2") as backend, backend.open("op", 0) as store:
         assert (store.version, store.get(b"k")) == (3, b"new")
+
+
+def test_a_store_left_on_a_replaced_version_is_refused_also_once_that_version_is_the_base(
+    tmp_path: Path,
+) -> None:
+    """A store kept open on version 2 (attempt X) while a re-run replaced version 2 (Y):
+    its commit is refused while version 2 has an entry, and was accepted once GC had made
+    version 2 the base (its entry dropped), recording changes made on X's content as built
+    on Y's."""
+    cfg = {"retain_versions": 1, "snapshot_every": 10**6}
+    a = _backend(tmp_path, "a", **cfg)
+    b = _backend(tmp_path, "b", **cfg)
+    stale = a.open("op", 0, partitions=1)
+    _commit(stale, {b"x": b"1"}, (1, 0, 0, 0))
+    _commit(stale, {b"only-in-X": b"1"}, (1, 0, 0, 1))  # version 2, attempt X
+    with b.open("op", 0, version=1) as rerun:
+        _commit(rerun, {b"only-in-Y": b"1"}, (2, 0, 0, 0))  # replaces version 2
+        rerun.snapshot_now()
+    assert b.gc().stores["op/0"].base == 2
+    stale.put(b"z", b"built on X")
+    with pytest.raises(sk.CommitConflictError, match="was built on version 2 of attempt"):
+        stale.commit(order=(2, 0, 0, 1))  # type: ignore[arg-type]
+    stale.close()
+    with _backend(tmp_path, "c") as reader, reader.open("op", 0) as store:
+        assert store.version == 2
+        assert dict(store.scan()) == {b"x": b"1", b"only-in-Y": b"1"}
+    a.close()
+    b.close()
