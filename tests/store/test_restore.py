@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -110,6 +113,36 @@ def test_local_copy_ahead_of_the_version_asked_is_never_used(
     with backend.open("op", partition=0) as store:
         assert store.version == 6
         assert dict(store.scan()) == _expected(6)
+
+
+def test_a_copy_that_cannot_be_deleted_whole_fails_the_open_instead_of_mixing_versions(
+    recorder: RecordingBlobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy is 4 commits ahead of the version asked, so it is deleted and the version
+    rebuilt from the changelogs. A delete that failed part way (EBUSY, EIO, an NFS ``.nfs``
+    file) was ignored: the changelogs were replayed onto what was left, and version 2 read
+    back with version 6's keys."""
+    backend = _backend(recorder, tmp_path / "a")
+    _commit_versions(backend, 6)
+    copy = backend.local_path("op", 0)
+    delete = shutil.rmtree
+
+    def stuck(path: str, ignore_errors: bool = False, **handlers: Any) -> None:
+        if os.path.abspath(path) != os.path.abspath(copy):
+            return delete(path, ignore_errors=ignore_errors, **handlers)
+        error = OSError(errno.EBUSY, "Device or resource busy")
+        if ignore_errors:
+            return None
+        if "onexc" in handlers:
+            return handlers["onexc"](os.unlink, f"{path}/000009.sst", error)
+        return handlers["onerror"](os.unlink, f"{path}/000009.sst", (OSError, error, None))
+
+    monkeypatch.setattr(shutil, "rmtree", stuck)
+    with pytest.raises(sk.StateKeeperError, match="could not delete the local working copy"):
+        backend.open("op", partition=0, version=2)
+    monkeypatch.undo()
+    with backend.open("op", partition=0, version=2) as store:
+        assert dict(store.scan()) == _expected(2)
 
 
 def test_local_copy_of_another_root_with_the_same_uri_is_discarded(tmp_path: Path) -> None:

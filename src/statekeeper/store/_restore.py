@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +21,12 @@ from statekeeper.store._changelogs import (
     replay_changelog,
 )
 from statekeeper.store._state_store import RestoreInfo
-from statekeeper.store._working_copy import WorkingCopy, copy_exists, forget_lineage
+from statekeeper.store._working_copy import (
+    WorkingCopy,
+    copy_exists,
+    delete_copy_folder,
+    forget_lineage,
+)
 
 __all__ = ["restore_copy"]
 
@@ -191,7 +195,7 @@ def _remove_half_restored(copy: WorkingCopy | None, path: str) -> None:
     if copy is not None:
         copy.destroy()
         return
-    shutil.rmtree(path, ignore_errors=True)
+    delete_copy_folder(path)
     forget_lineage(path)
 
 

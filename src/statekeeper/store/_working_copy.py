@@ -30,6 +30,7 @@ import logging
 import operator
 import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -64,6 +65,7 @@ __all__ = [
     "DamagedCopyError",
     "WorkingCopy",
     "copy_exists",
+    "delete_copy_folder",
     "forget_lineage",
     "remove_unused_copy",
 ]
@@ -621,9 +623,13 @@ class WorkingCopy:
 
     def destroy(self) -> None:
         """Close and delete the working copy directory, its lineage record and its upload
-        journal (which names files of this database only)."""
+        journal (which names files of this database only).
+
+        Raises:
+            StateKeeperError: the directory could not be deleted whole.
+        """
         self.close(flush=False)
-        shutil.rmtree(self.path, ignore_errors=True)
+        delete_copy_folder(self.path)
         _remove_records_beside(self.path)
         _log.debug("removed local working copy %s", self.path)
 
@@ -687,6 +693,27 @@ def copy_exists(path: str) -> bool:
     """Whether ``path`` holds a RocksDB database (its ``CURRENT`` file); a restore that
     replaces every file of a copy anyway need not create an empty database there first."""
     return os.path.exists(os.path.join(path, "CURRENT"))
+
+
+def delete_copy_folder(path: str) -> None:
+    """Delete the folder of a working copy whole, or fail: a restore that opens the folder
+    again next must never find part of the old database in it (changelogs replayed onto
+    it would read back as the version, with another version's keys mixed in).
+
+    Raises:
+        StateKeeperError: something in it could not be deleted (what, and why).
+    """
+
+    def refuse(name: str, error: BaseException) -> None:
+        if not isinstance(error, FileNotFoundError):  # gone already: that is the goal
+            raise StateKeeperError(
+                f"could not delete the local working copy {path}: {name}: {error}"
+            ) from error
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=lambda _f, name, error: refuse(name, error))
+    else:
+        shutil.rmtree(path, onerror=lambda _f, name, info: refuse(name, info[1]))
 
 
 def _remove_records_beside(path: str) -> None:
