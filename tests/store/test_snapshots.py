@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from statekeeper.snapshot import SnapshotIndex, iter_files
 from statekeeper.storage import BlobStore, LocalBlobStore, open_blob_store
 from statekeeper.store import _snapshots
 from statekeeper.store._working_copy import WorkingCopy
-from tests.blobstores import RecordingBlobStore, store_history
+from tests.blobstores import RecordingBlobStore, SimulatedCrash, store_history
 
 
 class GatedBlobStore(RecordingBlobStore):
@@ -675,3 +676,60 @@ def test_a_reopen_waits_for_the_closed_store_s_snapshot_before_rebuilding_the_co
     assert lineage is None or lineage[1] == 0, lineage  # not the closed store's version 2
     again.close()
     backend.close()
+
+
+class _CrashAtChunk(RecordingBlobStore):
+    """Raises SimulatedCrash (a process killed, as far as the library can tell) at the
+    ``at``-th read of a snapshot file blob, once armed."""
+
+    def __init__(self, inner: BlobStore, at: int) -> None:
+        super().__init__(inner)
+        self.at, self.reads, self.armed = at, 0, False
+
+    def get(self, key: str) -> bytes:
+        if self.armed and "/files/" in key:
+            self.reads += 1
+            if self.reads == self.at:
+                raise SimulatedCrash(f"killed while restoring, at {key}")
+        return super().get(key)
+
+
+def test_a_restore_into_a_copy_killed_half_way_is_resumed_not_set_aside(tmp_path: Path) -> None:
+    """A copy behind by many versions is restored from a snapshot in place, keeping the
+    files that match. Killed half way, the folder held the old CURRENT over the new files:
+    RocksDB could not open it, so the next open set it all aside (kept, never deleted) and
+    downloaded every file again."""
+
+    def fill(store: sk.StateStore, commits: int, seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(commits):
+            store.put_many(
+                [(b"k%07d" % rng.randrange(10**7), rng.randbytes(100)) for _ in range(4000)]
+            )
+            store.commit()
+            store._copy.flush()
+
+    def config(host: str) -> sk.StoreConfig:
+        return _config(tmp_path, host, snapshot_every=10**6, chunk_size=1 << 16, io_threads=1)
+
+    def backend(host: str) -> sk.StateBackend:
+        return sk.StateBackend(str(tmp_path / "root"), config=config(host))
+
+    with backend("a") as behind, behind.open("op", 0, partitions=1) as store:
+        fill(store, 2, 1)
+    with backend("b") as ahead, ahead.open("op", 0) as store:
+        fill(store, 6, 2)
+        store.snapshot_now()
+        expected = dict(store.scan())
+    crashing = _CrashAtChunk(LocalBlobStore(str(tmp_path / "root")), at=4)
+    with sk.StateBackend(crashing, config=config("a")) as killed:
+        path = killed.local_path("op", 0)
+        crashing.armed = True
+        with pytest.raises(SimulatedCrash):
+            killed.open("op", 0)
+    with backend("a") as again, again.open("op", 0) as store:
+        assert store.restore_info.base_kind == "snapshot"
+        assert store.restore_info.files_reused > 0  # what the killed restore finished
+        assert dict(store.scan()) == expected
+    beside = sorted(p.name for p in Path(path).parent.iterdir())
+    assert not [name for name in beside if ".damaged-" in name], beside

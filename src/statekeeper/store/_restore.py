@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,7 @@ from statekeeper.store._working_copy import (
     copy_exists,
     delete_copy_folder,
     forget_lineage,
+    unmark_copy,
 )
 
 __all__ = ["restore_copy"]
@@ -86,6 +88,10 @@ def restore_copy(
                     history = _without_snapshot(history, plan.base, exc)
                     continue  # _from_snapshot removed the half-restored copy
             elif copy is None:
+                if local_path is not None and os.path.isdir(local_path):
+                    # No database, but maybe the files of a restore cut short: never open
+                    # a database among them (replayed onto, they could read back).
+                    delete_copy_folder(local_path)
                 copy = open_copy()
             elif plan.base_kind == "empty" and (copy.label is not None or copy.root_id):
                 _log.info(
@@ -176,6 +182,7 @@ def _from_snapshot(
         path = copy.path
     assert path is not None, "restore_copy passes the open copy or its directory"
     forget_lineage(path)  # until the restore completes, the files are mixed
+    unmark_copy(path)  # and no database: a restore cut short is resumed, not set aside
     try:
         checkpoint_id, snap = _restore_snapshot(blobs, config, history, plan, Path(path), root_id)
     except (CorruptStateError, StateNotFoundError):

@@ -68,6 +68,7 @@ __all__ = [
     "delete_copy_folder",
     "forget_lineage",
     "remove_unused_copy",
+    "unmark_copy",
 ]
 
 _log = logging.getLogger(__name__)
@@ -693,6 +694,23 @@ def copy_exists(path: str) -> bool:
     """Whether ``path`` holds a RocksDB database (its ``CURRENT`` file); a restore that
     replaces every file of a copy anyway need not create an empty database there first."""
     return os.path.exists(os.path.join(path, "CURRENT"))
+
+
+def unmark_copy(path: str) -> None:
+    """Take the database's ``CURRENT`` away (durably) before its files are replaced in
+    place: a restore cut short then leaves a folder that holds no database
+    (:func:`copy_exists` is false), which the next restore resumes into, keeping the files
+    already there that match, instead of an old ``CURRENT`` over new files, which RocksDB
+    cannot open and which was set aside whole."""
+    try:
+        os.unlink(os.path.join(path, "CURRENT"))
+    except FileNotFoundError:
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def delete_copy_folder(path: str) -> None:
