@@ -369,7 +369,10 @@ class StateStore:
             CommitConflictError: the commit was refused; the store is then failed and must
                 be reopened.
             StorageError: the upload failed; in changelog mode the writes are kept and
-                commit can be retried, in snapshot mode the store is failed.
+                commit can be retried, in snapshot mode the store is failed. The manifest
+                write may have landed all the same (a timeout after the store took it):
+                then the version is committed, and a retry says so; an :meth:`abort`
+                followed by other writes is refused (``CommitConflictError``) instead.
             StateKeeperError: the store is closed or failed, or the previous commit's write
                 to the working copy failed (the store is then failed).
         """
