@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
@@ -10,10 +11,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from statekeeper import StateKeeperError, StateNotFoundError, StoreConfig, layout
+from statekeeper import (
+    ConfigMismatchError,
+    StateKeeperError,
+    StateNotFoundError,
+    StoreConfig,
+    layout,
+)
 from statekeeper.metrics import read_commit_metrics
 from statekeeper.spark import StoreBusyError
 from statekeeper.spark._cache import IDLE_CLOSE_S, Lease, StoreCache, StoreSpec
@@ -465,10 +473,11 @@ def test_asking_ahead_hands_an_idle_store_over_before_the_acquire(spec: StoreSpe
 def test_a_failed_reopen_keeps_the_copy_locked_until_the_old_store_s_snapshot_is_done(
     tmp_path: Path,
 ) -> None:
-    """A task of a new run asks for a version the root does not have: the cached store is
-    closed, its background snapshot still uploading from the checkpoint beside the copy,
-    and the reopen fails. The copy's lock was released at once, so another worker's open
-    deleted that checkpoint as stale under the upload."""
+    """A task of a new run reopens the cached store and fails before its open waits for
+    the store's snapshot (here: it states another partition count): the cached store is
+    closed, its background snapshot still uploading from the checkpoint beside the copy.
+    The copy's lock was released at once, so another worker's open deleted that
+    checkpoint as stale under the upload."""
     config = StoreConfig(local_dir=str(tmp_path / "local"), snapshot_every=1)
     spec = StoreSpec(str(tmp_path / "root"), "op", 2, config, (), lock_timeout_s=60.0)
     cache = StoreCache(idle_close_s=3600)
@@ -484,28 +493,52 @@ def test_a_failed_reopen_keeps_the_copy_locked_until_the_old_store_s_snapshot_is
     snapshotter.after_upload = hang
     failed: list[BaseException] = []
 
-    def acquire_missing_version() -> None:
+    def acquire_with_another_count() -> None:
         try:
-            cache.acquire(spec, 0, 7, generation=2)
+            cache.acquire(dataclasses.replace(spec, partitions=3), 0, 1, generation=2)
         except BaseException as exc:  # noqa: BLE001 - checked below
             failed.append(exc)
 
+    # The moment that matters: the reopen has failed. Then the copy must stay locked
+    # until the upload is done, so the task either waits for it (as it should) or, were
+    # it to let go at once, ends with the lock released: either is seen, not raced.
+    backend = cache.backend(spec)
+    reopen_failed, waiting = threading.Event(), threading.Event()
+    opener, waiter = backend.open, backend.wait_for_snapshots
+
+    def open_noting_failure(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return opener(*args, **kwargs)
+        except ConfigMismatchError:
+            reopen_failed.set()
+            raise
+
+    def wait_noting_it(*args: Any, **kwargs: Any) -> None:
+        if reopen_failed.is_set():
+            waiting.set()
+        waiter(*args, **kwargs)
+
+    backend.open = open_noting_failure  # type: ignore[method-assign]
+    backend.wait_for_snapshots = wait_noting_it  # type: ignore[method-assign]
     try:
         lease = cache.acquire(spec, 0, 0, generation=1)
         lease.store.put(b"k", b"v")
         lease.store.commit()  # schedules a snapshot, held in hang()
         cache.release(lease, ok=True)
         assert uploading.wait(60)
-        task = threading.Thread(target=acquire_missing_version)
+        task = threading.Thread(target=acquire_with_another_count)
         task.start()
-        lock, deadline = StoreLock(cache.backend(spec).local_path("op", 0)), time.monotonic() + 2
-        while time.monotonic() < deadline:
-            assert not lock.try_acquire(), "the copy was unlocked under its snapshot upload"
+        deadline = time.monotonic() + 60
+        while not waiting.is_set() and task.is_alive():
+            assert time.monotonic() < deadline
             time.sleep(0.01)
+        assert reopen_failed.is_set()
+        lock = StoreLock(backend.local_path("op", 0))
+        assert not lock.try_acquire(), "the copy was unlocked under its snapshot upload"
         gate.set()
         task.join(60)
         assert len(failed) == 1
-        assert isinstance(failed[0], StateNotFoundError)
+        assert isinstance(failed[0], ConfigMismatchError)
         assert lock.try_acquire()  # released once the upload was done
         lock.release()
     finally:

@@ -278,11 +278,14 @@ class StateBackend:
             StateKeeperError: the store failed, or the upload failed; or the backend is
                 closed.
         """
-        self._existing(name, partition)
+        self._check_open()
+        layout.validate_operator(name)
+        layout.validate_partition(partition)
         with self._open_lock:
             store = self._open_stores.get((name, partition))
         if store is not None and not store.closed:
             return store.snapshot_now()
+        self._existing(name, partition)  # not open here: opening it must not register it
         with self.open(name, partition) as store:
             return store.snapshot_now()
 
