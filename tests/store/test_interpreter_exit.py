@@ -38,17 +38,27 @@ threading.Thread(target=work).start()
 """
 
 # The snapshot of version 1 is far from uploaded when the main thread returns: about 12 MB
-# of SST in 64 KiB chunks over 4 transfer threads. The store is never closed.
+# of SST in 64 KiB chunks over 4 transfer threads, each chunk's write slowed by 20 ms (at
+# least a second in all). The child prints whether the root named the snapshot when its
+# main thread returned. The store is never closed.
 EXIT_CHILD = r"""
-import sys
+import sys, time
 import statekeeper as sk
+from statekeeper.storage import LocalBlobStore
+class SlowFiles(LocalBlobStore):
+    def put(self, key, data, **kw):
+        if "/files/" in key:
+            time.sleep(0.02)
+        return super().put(key, data, **kw)
 config = sk.StoreConfig(local_dir=sys.argv[2], snapshot_every=1, io_threads=4,
                         chunk_size=64 * 1024, compression="none")
-store = sk.StateBackend(sys.argv[1], config=config).open("op", partition=0)
+backend = sk.StateBackend(SlowFiles(sys.argv[1], io_threads=4), config=config)
+store = backend.open("op", partition=0)
 for i in range(100_000):
     store.put(b"k%08d" % i, bytes([i % 251]) * 120)
 info = store.commit()
 print(info.version, info.snapshot_scheduled, flush=True)
+print("snapshot-at-exit", backend.blobs.list("op/0/snapshot/") != [], flush=True)
 """
 
 
@@ -101,7 +111,7 @@ def test_a_thread_committing_after_the_main_thread_returned_commits_and_snapshot
 
 
 def test_a_snapshot_still_uploading_when_the_program_ends_is_finished(tmp_path: Path) -> None:
-    assert _run(EXIT_CHILD, tmp_path) == ["1", "True"]
+    assert _run(EXIT_CHILD, tmp_path) == ["1", "True", "snapshot-at-exit", "False"]
     with sk.StateBackend(str(tmp_path / "root")) as backend:
         assert _snapshots(backend) == [1]
         assert backend.verify().ok
