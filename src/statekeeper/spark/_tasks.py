@@ -13,6 +13,8 @@ handover from another Python worker overlaps the reading.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -21,11 +23,17 @@ from typing import Any
 
 from pyspark import TaskContext
 
-from statekeeper.errors import CommitConflictError, OwnerConflictError, StateKeeperError
+from statekeeper.errors import (
+    CommitConflictError,
+    OwnerConflictError,
+    StateKeeperError,
+    StateNotFoundError,
+)
+from statekeeper.history import StoreHistory
 from statekeeper.keyed import StatefulProcessor
 from statekeeper.keyed.grouping import KeyedInput
 from statekeeper.keyed.runner import BatchTime
-from statekeeper.spark._cache import CACHE, StoreSpec
+from statekeeper.spark._cache import CACHE, Lease, StoreSpec
 from statekeeper.spark._initial import Staged, initial_rows
 from statekeeper.spark._partition import Partitioning, TaskInput, peek_partition
 from statekeeper.spark._reports import TaskIdentity, report_task
@@ -36,6 +44,7 @@ from statekeeper.store import CommitInfo, StateStore
 __all__ = ["TaskSpec", "arrow_task", "rows_task"]
 
 _NO_TIME = TimeSpec()
+_log = logging.getLogger("statekeeper.spark")
 
 
 @dataclass(frozen=True)
@@ -134,6 +143,67 @@ def _commit(store: StateStore, spec: TaskSpec, ctx: TaskIdentity) -> CommitInfo:
         ) from exc
 
 
+def _acquire(spec: TaskSpec, ctx: TaskIdentity) -> Lease:
+    """The partition's store at version ``b`` (the micro-batch id), after committing an
+    empty version for each earlier micro-batch of this query that ran no task of the
+    operator.
+
+    Spark drops the operator's stage from a micro-batch whose input to it is empty: the
+    optimizer replaces an input with no new data by an empty relation, and adaptive
+    execution an empty shuffle (a filter that drops every row of a batch, a union whose
+    other source alone has data, a no-data batch of a downstream watermark). Spark then
+    counts the batch done with no version ``b + 1`` committed, and every later batch would
+    fail for good. An empty batch changes no state (timers and TTL that were due act in
+    the next batch that runs, as after no-data batches), so the versions it would have
+    committed are committed empty here, each owned by this query. A gap after a version of
+    another query, or of none (the store API), is refused as before: the query's
+    checkpointLocation and the state root disagree. So is a gap after version 0 while an
+    initial state waits for micro-batch 0 (it would be lost).
+
+    Raises:
+        StateNotFoundError: version ``b`` is missing, and not for skipped micro-batches.
+        StateKeeperError: as :meth:`StoreCache.acquire`.
+    """
+    try:
+        return CACHE.acquire(spec.store, ctx.partition, ctx.batch_id, spec.generation)
+    except StateNotFoundError:
+        newest = _skipped_since(spec, ctx)
+        if newest is None:
+            raise
+    lease = CACHE.acquire(spec.store, ctx.partition, newest, spec.generation)
+    try:
+        _log.warning(
+            "operator %r partition %s: micro-batches %s..%s of query %s ran no task of the "
+            "operator (Spark skips it when its input is empty): committing them empty",
+            spec.store.operator, ctx.partition, newest, ctx.batch_id - 1, ctx.query_id,
+        )  # fmt: skip
+        for batch_id in range(newest, ctx.batch_id):
+            _commit(lease.store, spec, dataclasses.replace(ctx, batch_id=batch_id))
+    except BaseException:
+        CACHE.release(lease, ok=False)
+        raise
+    return lease
+
+
+def _skipped_since(spec: TaskSpec, ctx: TaskIdentity) -> int | None:
+    """The newest version of the task's store if every micro-batch after it, up to this
+    one, ran no task of the operator (see :func:`_acquire`); else ``None``."""
+    backend = CACHE.backend(spec.store)
+    meta = backend.root_metadata()
+    if meta is None or not ctx.query_id:
+        return None
+    history = StoreHistory.load(
+        backend.blobs, spec.store.operator, ctx.partition, root_id=meta.root_id
+    )
+    newest = history.latest()
+    if newest >= ctx.batch_id:
+        return None
+    if newest == 0:
+        return None if spec.initial is not None else 0
+    entry = None if history.manifest is None else history.manifest.entry(newest)
+    return newest if entry is not None and entry.owner == ctx.query_id else None
+
+
 def _ask_ahead(spec: TaskSpec) -> None:
     """Ask for the store of this task's partition before reading the input
     (:meth:`StoreCache.ask`): the task id is the state partition (``_identity`` checks it
@@ -161,7 +231,7 @@ def rows_task(spec: TaskSpec, processor: StatefulProcessor, batches: Any) -> Ite
             if top is not None:
                 beats.append(top)
         ctx = _identity(spec, task_input.partition)
-        lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id, spec.generation)
+        lease = _acquire(spec, ctx)
     except BaseException:
         source.close()
         raise
@@ -198,7 +268,7 @@ def arrow_task(spec: TaskSpec, fn: ArrowFunction, batches: Any) -> Iterator[Any]
     _ask_ahead(spec)
     data_partition, stripped = peek_partition(iter(batches), spec.partitioning)
     ctx = _identity(spec, data_partition)
-    lease = CACHE.acquire(spec.store, ctx.partition, ctx.batch_id, spec.generation)
+    lease = _acquire(spec, ctx)
     stats = RunStats()
     try:
         yield from run_arrow(

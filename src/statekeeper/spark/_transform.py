@@ -31,6 +31,12 @@ mapInArrow(task) -> repartitionById``:
   of the *output* (usually far smaller than the input; in ``benchmarks/pipeline.py``,
   with one output row per key, an extra job of 120-130 ms, 14-20% of a 100k-row
   micro-batch). A non-empty task checks that its data and its task id agree.
+* A micro-batch whose input to the operator is empty may run no task of it at all: the
+  optimizer plans a source with no new data as an empty relation, and adaptive execution
+  skips the tasks after an empty shuffle (a filter that drops every row, a union whose
+  other source alone has data). No version ``b + 1`` is committed then; the next batch's
+  tasks commit the skipped versions empty, each owned by the query, before their own
+  (``_tasks._acquire``): an empty batch changes no state.
 * Inside a task (:mod:`statekeeper.spark._tasks`) the micro-batch id ``b`` is the local
   property ``streaming.sql.batchId``:
   the task leases its partition's store at version ``b`` (``_cache``), runs the processor,
@@ -160,7 +166,9 @@ def transform_with_state(
     operator is a ``mapInArrow`` to Spark, and no public API lets it ask for such a batch,
     so Spark runs none for it: timers that Spark would fire in a no-data batch fire in the
     next micro-batch that has input (any input, in any partition), with the same watermark
-    and output. A source that idles therefore delays timers: a query that must fire them on
+    and output. The same holds for a micro-batch that Spark ran without any task of this
+    operator (its input was empty): its version is committed empty by the next one. A
+    source that idles therefore delays timers: a query that must fire them on
     time needs input that keeps arriving.
 
     **TTL in processing time** (``ttl=...``, the default clock): an entry expires by the
