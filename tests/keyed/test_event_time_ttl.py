@@ -123,3 +123,38 @@ def test_event_time_ttl_misuse_is_refused_and_nothing_committed(
         with pytest.raises(ValueError, match=message):
             t.run(_rows(("a", 100)))
         assert t.batch_id == 0
+
+
+class TimerTouchesProcessingTtl(StatefulProcessor):
+    """Event-time timers whose handler reads and writes a state with a processing-time TTL."""
+
+    rows = "row"
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.seen = handle.value_state("seen", ttl=3600)  # processing time
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        self.seen.update(len(rows))
+        self.handle.register_timer(max(int(r.ts.timestamp()) for r in rows) * 1000 + 1)
+        yield from ()
+
+    def handle_expired_timer(self, key: tuple[Any, ...], values: Any, info: Any) -> Iterator[Any]:
+        self.seen.update((self.seen.get() or 0) + 1)
+        yield (key[0], self.seen.get(), values.watermark_ms)
+
+
+def test_timers_wait_for_a_batch_with_a_clock_when_their_handler_may_need_it() -> None:
+    """A micro-batch whose tasks have no input (a no-data batch) has no timestamp: due
+    event-time timers fired all the same, and a handler touching a processing-time TTL
+    failed the batch ("the micro-batch timestamp is unknown") on every retry and restart.
+    Such timers now fire in the next batch that has a timestamp."""
+    with _tester(TimerTouchesProcessingTtl()) as t:
+        t.processing_time_ms = 5_000
+        assert t.run(_rows(("a", 100))) == []
+        t.processing_time_ms, t.watermark_ms = None, 200_000  # the timer at 100.001 s is due
+        assert t.run(_rows()) == []
+        assert t.timers() == [(("a",), 100_001)]
+        t.processing_time_ms = 6_000
+        assert t.run(_rows()) == [{"k": "a", "prev": 2, "wm": 200_000}]
+        assert t.timers() == []

@@ -563,6 +563,14 @@ class StatefulProcessorHandle:
                 deleted += state.expire(self._now_ms)
         return deleted
 
+    def lacks_ttl_clock(self) -> bool:
+        """Whether a state with a processing-time TTL is declared and the micro-batch
+        timestamp is unknown (a task without input, in a batch without heartbeats): its
+        entries can be neither read nor written then."""
+        return self._now_ms is None and any(
+            s.ttl_ms is not None and s.ttl_on != "event_time" for s in self._states.values()
+        )
+
     def ttl_now_ms(self, ttl_on: str) -> int:
         """The clock TTL expiries are compared with: the watermark for ``"event_time"``,
         the micro-batch timestamp otherwise.

@@ -179,10 +179,12 @@ def _fire_timers(
     """Call ``handle_expired_timer`` for every timer due by the batch's clock (expiry at or
     before it), deleting each after its handler, as Spark does: the handler still sees it
     in ``list_timers``, and re-registering it does not keep it. Timers registered by the
-    handlers wait for a later batch."""
+    handlers wait for a later batch. So do all due timers in a batch without a timestamp
+    when a state has a processing-time TTL, which their handlers could not touch: they
+    fire in the next batch that has one, as timers of no-data batches do."""
     values = handle.timer_values
     upto = values.watermark_ms if time.time_mode == "event_time" else values.processing_time_ms
-    if time.time_mode is None or upto < 0:
+    if time.time_mode is None or upto < 0 or handle.lacks_ttl_clock():
         return
     timers = handle._timers  # the batch's one writer of timers: it keeps the index's floor
     due = timers.due(upto)

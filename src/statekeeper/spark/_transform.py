@@ -167,9 +167,11 @@ def transform_with_state(
     so Spark runs none for it: timers that Spark would fire in a no-data batch fire in the
     next micro-batch that has input (any input, in any partition), with the same watermark
     and output. The same holds for a micro-batch that Spark ran without any task of this
-    operator (its input was empty): its version is committed empty by the next one. A
-    source that idles therefore delays timers: a query that must fire them on
-    time needs input that keeps arriving.
+    operator (its input was empty): its version is committed empty by the next one; and
+    for a batch whose tasks get neither input nor the batch timestamp (a no-data batch of a
+    downstream stateful operator) while a state has a processing-time TTL, which a timer's
+    handler could not touch then. A source that idles therefore delays timers: a query that
+    must fire them on time needs input that keeps arriving.
 
     **TTL in processing time** (``ttl=...``, the default clock): an entry expires by the
     micro-batch timestamp in every partition, with or without input (the timestamp rides on
