@@ -544,3 +544,22 @@ def test_a_failed_reopen_keeps_the_copy_locked_until_the_old_store_s_snapshot_is
     finally:
         gate.set()
         cache.close_all()
+
+
+def test_a_query_defined_again_with_another_config_opens_its_stores_with_it(
+    cache: StoreCache, spec: StoreSpec
+) -> None:
+    """The cached store was reused with the backend of the first definition, so a new
+    snapshot_every (retention, compression, mode, ...) never applied to a partition whose
+    store stayed open in a worker."""
+    lease = cache.acquire(spec, 0, 0)
+    lease.store.put(b"k", b"1")
+    assert not lease.store.commit().snapshot_scheduled  # snapshot_every is 10
+    cache.release(lease, ok=True)
+    often = dataclasses.replace(spec, config=dataclasses.replace(spec.config, snapshot_every=1))
+    lease = cache.acquire(often, 0, 1)
+    assert lease.entry.backend.config.snapshot_every == 1
+    assert lease.store.get(b"k") == b"1"
+    lease.store.put(b"k", b"2")
+    assert lease.store.commit().snapshot_scheduled
+    cache.release(lease, ok=True)

@@ -189,14 +189,23 @@ class StoreCache:
         entry = self._checkout(spec, partition)
         try:
             store, info = entry.store, None
+            # A query defined again in this application with another StoreConfig: its
+            # stores are opened with that config, by its backend.
+            backend = self.backend(spec)
             if store is not None and (
                 store.closed
                 or store.version != version
                 or entry.partitions != spec.partitions
                 or entry.generation != generation
+                or entry.backend is not backend
             ):
                 store.close()
                 store = entry.store = None
+            if entry.backend is not backend:
+                # The old backend's snapshot of this copy must be done before another
+                # backend rebuilds it (its lineage would land on the rebuilt copy).
+                entry.backend.wait_for_snapshots(spec.operator, partition)
+                entry.backend = backend
             if store is None:
                 store = _open(entry.backend, spec, partition, version)
                 entry.store, info = store, store.restore_info
