@@ -175,11 +175,14 @@ def build_manifest(
     operators: Mapping[str, tuple[int, Mapping[int, str]]],
     root_id: str,
 ) -> tuple[EpochManifest | None, str]:
-    """Describe the root after ``epoch``: operator -> (partition count, {partition: blob}).
+    """Describe the root after ``epoch``: operator -> (partition count, {partition: blob
+    its task reported}).
 
     Each partition's history (its newest store manifest, or its format-1 listing) gives the
-    blob of version ``epoch + 1`` when the task did not report it, and the newest snapshot
-    at or below it. ``root_id`` is the root's (manifests are checked against it).
+    blob that committed version ``epoch + 1`` and the newest snapshot at or below it. A
+    reported blob is not trusted: the late report of an attempt that another one replaced
+    names a blob that is no longer committed (and that GC will delete). ``root_id`` is the
+    root's (manifests are checked against it).
 
     Returns:
         The manifest, or ``None`` and the reason when some partition has not committed
@@ -190,11 +193,11 @@ def build_manifest(
     """
     version = epoch + 1
     stores: dict[str, list[StoreEntry]] = {}
-    for op, (count, reported) in operators.items():
+    for op, (count, _reported) in operators.items():
         entries = []
         for p in range(count):
             history = StoreHistory.load(blobs, op, p, root_id=root_id)
-            blob = reported.get(p) or _commit_blob(history, version)
+            blob = _commit_blob(history, version)
             if blob is None:
                 return None, f"partition {p} of operator {op!r} has not committed version {version}"
             snap = max((v for v in history.snapshots if v <= version), default=None)
