@@ -172,17 +172,17 @@ def build_manifest(
     epoch: int,
     query_id: str,
     run_id: str | None,
-    operators: Mapping[str, tuple[int, Mapping[int, str]]],
+    operators: Mapping[str, int],
     root_id: str,
 ) -> tuple[EpochManifest | None, str]:
-    """Describe the root after ``epoch``: operator -> (partition count, {partition: blob
-    its task reported}).
+    """Describe the root after ``epoch``: ``operators`` maps each operator to its partition
+    count.
 
     Each partition's history (its newest store manifest, or its format-1 listing) gives the
-    blob that committed version ``epoch + 1`` and the newest snapshot at or below it. A
-    reported blob is not trusted: the late report of an attempt that another one replaced
-    names a blob that is no longer committed (and that GC will delete). ``root_id`` is the
-    root's (manifests are checked against it).
+    blob that committed version ``epoch + 1`` and the newest snapshot at or below it; never
+    a task report, which for an attempt that another one replaced may come late and name a
+    blob that is no longer committed. ``root_id`` is the root's (manifests are checked
+    against it).
 
     Returns:
         The manifest, or ``None`` and the reason when some partition has not committed
@@ -193,7 +193,7 @@ def build_manifest(
     """
     version = epoch + 1
     stores: dict[str, list[StoreEntry]] = {}
-    for op, (count, _reported) in operators.items():
+    for op, count in operators.items():
         entries = []
         for p in range(count):
             history = StoreHistory.load(blobs, op, p, root_id=root_id)
@@ -209,7 +209,7 @@ def build_manifest(
         query_id=query_id,
         run_id=run_id,
         created_time_ms=int(time.time() * 1000),
-        partitions={op: count for op, (count, _) in operators.items()},
+        partitions=dict(operators),
         stores=stores,
     )
     return manifest, ""

@@ -58,9 +58,7 @@ def test_a_manifest_names_versions_commits_and_snapshots(backend: StateBackend) 
     histories = [store_history(backend, "op", p) for p in (0, 1)]
     manifest, why = build_manifest(
         backend.blobs, epoch=1, query_id="q", run_id="r",
-        # Partition 1's report is a replaced attempt's, come late: the history decides.
-        operators={"op": (2, {0: histories[0].changelog_key(2), 1: "op/1/changelog/stale"})},
-        root_id=_root_id(backend),
+        operators={"op": 2}, root_id=_root_id(backend),
     )  # fmt: skip
     assert manifest is not None, why
     assert write_manifest(backend.blobs, manifest)
@@ -68,7 +66,7 @@ def test_a_manifest_names_versions_commits_and_snapshots(backend: StateBackend) 
     assert read.versions() == {"op": [2, 2]}
     assert [e.commit_blob for e in read.stores["op"]] == [
         h.changelog_key(2)
-        for h in histories  # partition 1's from its history, not its report
+        for h in histories  # from each partition's history
     ]
     assert [e.snapshot_index for e in read.stores["op"]] == [h.index_key(2) for h in histories]
     assert latest_epoch(backend.blobs) == 1
@@ -85,7 +83,7 @@ def test_an_incomplete_epoch_gets_no_manifest(backend: StateBackend) -> None:
         epoch=0,
         query_id="q",
         run_id=None,
-        operators={"op": (2, {})},
+        operators={"op": 2},
         root_id=_root_id(backend),
     )
     assert manifest is None

@@ -108,7 +108,7 @@ class StateListener(StreamingQueryListener):
         self, operators: list[_Operator], query_id: str, batch_id: int, run_id: str | None
     ) -> None:
         metrics = []
-        by_root: dict[str, dict[str, tuple[int, dict[int, str]]]] = defaultdict(dict)
+        by_root: dict[str, dict[str, int]] = defaultdict(dict)
         stores: dict[str, BlobStore] = {}
         for op in sorted(operators, key=lambda o: (o.blobs.uri, o.name)):
             try:
@@ -123,10 +123,7 @@ class StateListener(StreamingQueryListener):
             _log.info("statekeeper %s", m.summary())
             metrics.append(m)
             stores[op.blobs.uri] = op.blobs
-            by_root[op.blobs.uri][op.name] = (
-                op.partitions,
-                {r.partition: r.commit_blob for r in group},
-            )
+            by_root[op.blobs.uri][op.name] = op.partitions
         with self._cond:
             self._history.extend(metrics)
             self._cond.notify_all()
@@ -187,7 +184,7 @@ class StateListener(StreamingQueryListener):
         query_id: str,
         epoch: int,
         run_id: str | None,
-        operators: dict[str, tuple[int, dict[int, str]]],
+        operators: dict[str, int],
     ) -> None:
         try:
             # Only the root id is wanted: the backend is not closed, as that would close the
