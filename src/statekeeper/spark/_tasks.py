@@ -158,7 +158,10 @@ def _acquire(spec: TaskSpec, ctx: TaskIdentity) -> Lease:
     committed are committed empty here, each owned by this query. A gap after a version of
     another query, or of none (the store API), is refused as before: the query's
     checkpointLocation and the state root disagree. So is a gap after version 0 while an
-    initial state waits for micro-batch 0 (it would be lost).
+    initial state waits for micro-batch 0 (it would be lost). Any other gap after version 0
+    is filled: nothing tells a query whose first micro-batches had no input from an old
+    checkpointLocation pointed at a new, empty root, which therefore starts from empty
+    state (the WARNING says so) instead of failing.
 
     Raises:
         StateNotFoundError: version ``b`` is missing, and not for skipped micro-batches.
@@ -174,8 +177,10 @@ def _acquire(spec: TaskSpec, ctx: TaskIdentity) -> Lease:
     try:
         _log.warning(
             "operator %r partition %s: micro-batches %s..%s of query %s ran no task of the "
-            "operator (Spark skips it when its input is empty): committing them empty",
+            "operator (Spark skips it when its input is empty): committing them empty (were "
+            "they run against another state root, this one starts from its version %s)",
             spec.store.operator, ctx.partition, newest, ctx.batch_id - 1, ctx.query_id,
+            newest,
         )  # fmt: skip
         for batch_id in range(newest, ctx.batch_id):
             _commit(lease.store, spec, dataclasses.replace(ctx, batch_id=batch_id))
