@@ -155,11 +155,14 @@ class StoreConfig:
 
 
 def _int_at_least(name: str, value: object, *, low: int = 1, high: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
         wanted = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ValueError(f"StoreConfig.{name} must be an int {wanted}, got {value!r}")
-    if high is not None and value > high:
-        raise ValueError(f"StoreConfig.{name} must be an int in [{low}, {high}], got {value!r}")
 
 
 def _non_negative(name: str, value: object) -> None:
