@@ -26,6 +26,7 @@ from statekeeper.metrics import read_commit_metrics
 from statekeeper.spark import StoreBusyError
 from statekeeper.spark._cache import IDLE_CLOSE_S, Lease, StoreCache, StoreSpec
 from statekeeper.spark._filelock import StoreLock
+from tests.small_tmpfs import run_on_small_tmpfs
 
 
 @pytest.fixture
@@ -313,6 +314,7 @@ def test_another_process_gets_the_working_copy(tmp_path: Path, spec: StoreSpec) 
 _LOCKER = """
 import sys
 from statekeeper.spark._filelock import StoreLock
+from tests.small_tmpfs import run_on_small_tmpfs
 StoreLock(sys.argv[1]).acquire(5)
 print("locked", flush=True)
 sys.stdin.readline()
@@ -563,3 +565,69 @@ def test_a_query_defined_again_with_another_config_opens_its_stores_with_it(
     lease.store.put(b"k", b"2")
     assert lease.store.commit().snapshot_scheduled
     cache.release(lease, ok=True)
+
+
+# A worker's cached store whose last commit could not be written to its full local disk.
+FULL_DISK_CHILD = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[3])
+from statekeeper import StoreConfig
+from statekeeper.spark._cache import StoreCache, StoreSpec
+
+root, local = sys.argv[1], sys.argv[2]
+config = StoreConfig(
+    local_dir=local, snapshot_every=10_000, write_buffer_mb=1, io_threads=2,
+    local_checkpoint_interval_s=0,  # flush on every commit: the full disk shows at once
+)
+spec = StoreSpec(root, "op", 1, config, (), lock_timeout_s=60.0)
+cache = StoreCache()
+out = {}
+lease = cache.acquire(spec, 0, 0)
+lease.store.put(b"a", b"1")
+lease.store.commit()
+cache.release(lease, ok=True)
+lease = cache.acquire(spec, 0, 1)
+out["first_reused"] = lease.reused
+filler = os.path.join(local, "filler")
+with open(filler, "wb") as fh:
+    try:
+        while True:
+            fh.write(os.urandom(1 << 16))
+            fh.flush()
+    except OSError as exc:
+        out["filled"] = exc.errno
+for i in range(64):
+    lease.store.put(b"big%02d" % i, os.urandom(16 << 10))
+out["committed"] = lease.store.commit().version  # durable; the local write fails behind it
+cache.release(lease, ok=True)
+try:  # the next task of the partition in this worker, the disk still full
+    lease = cache.acquire(spec, 0, 2)
+    out["second"] = "reused" if lease.reused else "opened"
+    cache.release(lease, ok=False)
+except Exception as exc:
+    out["second"] = f"failed: {type(exc).__name__}: {exc}"
+os.unlink(filler)
+lease = cache.acquire(spec, 0, 2)  # space freed
+out["third_reused"] = lease.reused
+out["read"] = [lease.store.get(b"a").decode(), len(lease.store.get(b"big63"))]
+cache.release(lease, ok=True)
+cache.close_all()
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def test_a_store_whose_last_commit_failed_to_reach_its_local_disk_is_reopened_not_reused(
+    tmp_path: Path,
+) -> None:
+    # The commit is durable, but writing it to the full local disk failed behind it: the
+    # next task must get the store opened again (caught up from the root), not the failed
+    # one, whose first call would fail the task (and, with local[N]'s one attempt, the query).
+    out = run_on_small_tmpfs(FULL_DISK_CHILD, tmp_path / "root", tmp_path / "local")
+    assert out["first_reused"] is True
+    assert out["filled"] == 28  # ENOSPC: the filesystem really was full
+    assert out["committed"] == 2
+    # Opened again (or, the disk still full, failing to open, saying so): never the failed
+    # store, which would fail every call with "it is failed".
+    assert out["second"] == "opened" or "No space left" in str(out["second"]), out["second"]
+    assert out["third_reused"] is False
+    assert out["read"] == ["1", 16 << 10]

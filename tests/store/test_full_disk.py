@@ -1,28 +1,21 @@
 """A full disk under local_dir: a precise error, the handle released, the next open works.
 
-What this really exercises: the working copies live on a real 8 MiB tmpfs, mounted in a
-private mount namespace of a child process (``unshare --user --map-root-user --mount``: no
-root needed where user namespaces are allowed, nothing left mounted afterwards), which the
-child then fills to the last byte with a plain file. RocksDB meets a real ``ENOSPC`` when it
-flushes the commit's memtable; no call is patched. The checkpoint root is on the ordinary
-disk, so the changelog and manifest of the commit land: the commit is durable, and only the
-local copy fails. (A file-size limit, ``RLIMIT_FSIZE``, would give ``EFBIG`` instead of
-``ENOSPC`` and miss the free-space message; a wrapper raising ``OSError`` would test nothing
-of RocksDB.)
+What this really exercises: the working copies live on a real 8 MiB tmpfs
+(:mod:`tests.small_tmpfs`), which the child fills to the last byte with a plain file. RocksDB
+meets a real ``ENOSPC`` when it flushes the commit's memtable; no call is patched. The
+checkpoint root is on the ordinary disk, so the changelog and manifest of the commit land: the
+commit is durable, and only the local copy fails. (A file-size limit, ``RLIMIT_FSIZE``,
+would give ``EFBIG`` instead of ``ENOSPC`` and miss the free-space message; a wrapper raising
+``OSError`` would test nothing of RocksDB.)
 """
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
-
-import pytest
 
 import statekeeper as sk
 from statekeeper.storage import LocalBlobStore
+from tests.small_tmpfs import run_on_small_tmpfs
 
 CHILD = r"""
 import json, os, sys
@@ -81,31 +74,11 @@ print("RESULT " + json.dumps(out), flush=True)
 """
 
 
-def _run_on_small_tmpfs(root: Path, local: Path) -> dict[str, object]:
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        pytest.skip("unshare (util-linux) is needed to mount a small private tmpfs")
-    local.mkdir(parents=True)
-    script = 'mount -t tmpfs -o size=8m tmpfs "$1" && exec "$2" -c "$3" "$4" "$1" "$5"'
-    repo = str(Path(__file__).parents[2])
-    child = subprocess.run(
-        [unshare, "--user", "--map-root-user", "--mount", "sh", "-c", script, "sh",
-         str(local), sys.executable, CHILD, str(root), repo],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    if child.returncode != 0 and "RESULT" not in child.stdout and "mount" in child.stderr:
-        pytest.skip(f"cannot mount a private tmpfs here: {child.stderr.strip()[-300:]}")
-    lines = [line for line in child.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, f"child failed ({child.returncode}): {child.stderr[-3000:]}"
-    result: dict[str, object] = json.loads(lines[-1][len("RESULT ") :])
-    return result
-
-
 def test_full_local_disk_says_the_commit_is_durable_and_the_next_open_works(
     tmp_path: Path,
 ) -> None:
     root = tmp_path / "root"
-    out = _run_on_small_tmpfs(root, tmp_path / "local")
+    out = run_on_small_tmpfs(CHILD, root, tmp_path / "local")
     assert out["filled"] == 28  # ENOSPC: the filesystem really was full
 
     # The commit returns once durable; its write to the working copy fails behind it, and

@@ -179,6 +179,8 @@ class StoreCache:
         and replaced the version this store holds, so the store is opened again (which checks
         its working copy against the root). Within a run the commit protocol refuses a store
         built on a replaced version (``CommitConflictError``; the task's retry reopens it).
+        Nor is a store whose last commit could not be written to its working copy (a full
+        local disk): the commit stands, and the store is opened again from the root.
 
         Raises:
             StoreBusyError: another process kept the working copy locked too long.
@@ -193,7 +195,7 @@ class StoreCache:
             # stores are opened with that config, by its backend.
             backend = self.backend(spec)
             if store is not None and (
-                store.closed
+                not store.ready()  # closed, or its last commit's local write failed
                 or store.version != version
                 or entry.partitions != spec.partitions
                 or entry.generation != generation

@@ -177,6 +177,21 @@ class StateStore:
         """The committed version loaded (advances by one on each successful commit)."""
         return self._version
 
+    def ready(self) -> bool:
+        """True if the store can be used now: it is open, and the last commit's write to
+        the local working copy landed (waited for here). False if it is closed or failed; a
+        write that failed fails the store now (logged with the error its next call would
+        have raised): close it and open it again from the backend, which catches the copy
+        up from the blob store. Never raises."""
+        if self._state is not _State.OPEN:
+            return False
+        try:
+            self._settle()
+        except StateKeeperError as exc:
+            _log.warning("%s", exc)
+            return False
+        return True
+
     # -- reads ----------------------------------------------------------------------------
 
     def get(self, key: bytes) -> bytes | None:
