@@ -24,7 +24,7 @@ from statekeeper import (
 )
 from statekeeper.metrics import read_commit_metrics
 from statekeeper.spark import StoreBusyError
-from statekeeper.spark._cache import IDLE_CLOSE_S, Lease, StoreCache, StoreSpec
+from statekeeper.spark._cache import IDLE_CLOSE_S, Lease, StoreCache, StoreSpec, _RequestWatch
 from statekeeper.spark._filelock import StoreLock
 from tests.small_tmpfs import run_on_small_tmpfs
 
@@ -631,3 +631,64 @@ def test_a_store_whose_last_commit_failed_to_reach_its_local_disk_is_reopened_no
     assert out["second"] == "opened" or "No space left" in str(out["second"]), out["second"]
     assert out["third_reused"] is False
     assert out["read"] == ["1", 16 << 10]
+
+
+def test_a_request_for_one_of_many_idle_stores_is_served_and_the_others_kept(
+    spec: StoreSpec,
+) -> None:
+    """The janitor looks for requests by the time of each operator's folder, not by each
+    idle store's request file: a request for one of a dozen idle stores in two operators'
+    folders, made well after the last release, is served; the other stores stay open."""
+    first, second = StoreCache(idle_close_s=3600), StoreCache()
+    other = dataclasses.replace(spec, operator="op2")
+    try:
+        for s in (spec, other):
+            for partition in range(6):
+                lease = first.acquire(dataclasses.replace(s, partitions=6), partition, 0)
+                first.release(lease, ok=True)
+        time.sleep(1.5)  # past the janitor's look at every store after the last release
+        handed = second.acquire(dataclasses.replace(other, partitions=6), 4, 0)
+        assert handed.reused is False
+        second.release(handed, ok=True)
+        held = {(operator, partition) for _, operator, partition in first.open_keys()}
+        assert held == {(o, p) for o in ("op", "op2") for p in range(6)} - {("op2", 4)}
+    finally:
+        first.close_all()
+        second.close_all()
+
+
+def test_a_request_made_in_the_tick_of_the_last_look_is_still_seen(tmp_path: Path) -> None:
+    """A folder's time may not change again within one tick of its coarse clock: a folder
+    changed lately is looked in on every pass, one left alone is not."""
+    folder = tmp_path / "op"
+    folder.mkdir()
+    watch = _RequestWatch()
+    assert watch.folders({str(folder)}, everything=True) is None  # look in all
+    StoreLock(str(folder / "0")).ask()  # the folder's time changes
+    assert watch.folders({str(folder)}, everything=False) == {str(folder)}
+    recent = time.time_ns() + 60 * 10**9  # "recent" without a race against the clock
+    os.utime(folder, ns=(recent, recent))
+    assert watch.folders({str(folder)}, everything=False) == {str(folder)}  # changed
+    # The same time as before, but recent: looked in again, as a second request could
+    # have come in the same tick.
+    assert watch.folders({str(folder)}, everything=False) == {str(folder)}
+    old = time.time_ns() - 10**9
+    os.utime(folder, ns=(old, old))
+    assert watch.folders({str(folder)}, everything=False) == {str(folder)}  # changed
+    assert watch.folders({str(folder)}, everything=False) == set()  # old and unchanged
+    assert watch.folders({str(folder)}, everything=True) is None
+
+
+def test_close_all_stops_the_janitor_and_the_next_acquire_starts_one(
+    cache: StoreCache, spec: StoreSpec
+) -> None:
+    lease = cache.acquire(spec, 0, 0)
+    cache.release(lease, ok=True)
+    assert cache._janitor is not None
+    thread = cache._janitor[0]
+    cache.close_all()
+    assert not thread.is_alive()
+    lease = cache.acquire(spec, 0, 0)
+    assert cache._janitor is not None
+    assert cache._janitor[0].is_alive()
+    cache.release(lease, ok=True)

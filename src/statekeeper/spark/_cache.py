@@ -22,7 +22,11 @@ A janitor thread per worker bounds what the worker holds (issue 12):
 
 * it hands idle stores over to other processes that ask for them, each on a thread of its
   own: closing a store waits for that store's background snapshot upload (it reads a
-  checkpoint beside the working copy), and must not hold up another store's handover;
+  checkpoint beside the working copy), and must not hold up another store's handover. It
+  notices a request within ``_JANITOR_POLL_S`` by the time of the folder the request file is
+  made in (one ``stat`` per operator folder, not one per idle store: a worker may hold
+  hundreds), and looks for every idle store's request at least every ``_LOOK_ALL_EVERY_S``;
+  with no idle store it sleeps until its next sweep;
 * it closes stores idle for longer than ``IDLE_CLOSE_S`` (before Spark ends an idle worker,
   see there), and, while more stores are open than ``StoreConfig.max_open_stores`` (the
   smallest among the open stores' configs), the least recently used idle ones (their
@@ -42,10 +46,11 @@ import atexit
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from statekeeper.config import StoreConfig
@@ -57,6 +62,13 @@ __all__ = ["CACHE", "IDLE_CLOSE_S", "Lease", "StoreCache", "StoreSpec", "worker_
 
 _log = logging.getLogger("statekeeper.spark")
 _JANITOR_POLL_S = 0.01
+_LOOK_ALL_EVERY_S = 1.0
+"""Seconds between the janitor's looks for every idle store's request file, however the
+times of their folders look (a folder time too coarse to show a second change, a file
+system that does not keep it)."""
+_RECENT_NS = 200_000_000
+"""A folder changed this recently may change again within one tick of its coarse clock,
+which its time would not show: its requests are looked for on every pass."""
 IDLE_CLOSE_S = 30.0
 """Seconds a store stays open without a task. Spark stops an executor's idle Python workers
 (of one Python and environment) once no task has ended in any of them for a minute, checked
@@ -142,7 +154,7 @@ class StoreCache:
         # Folder of each root's working copies this worker served -> their local_copy_ttl_s.
         self._roots: dict[str, float] = {}
         self._wake = threading.Event()
-        self._janitor: threading.Thread | None = None
+        self._janitor: tuple[threading.Thread, threading.Event] | None = None
         self._closing: list[threading.Thread] = []
         """Threads closing stores the janitor took out of the cache."""
 
@@ -259,13 +271,21 @@ class StoreCache:
         self._wake.set()  # a request may have come in while the task ran
 
     def close_all(self) -> None:
-        """Close every idle store and release its lock, and wait for the closes the janitor
-        started (at worker exit, and in tests)."""
+        """Close every idle store and release its lock, stop the janitor, and wait for the
+        closes it started (at worker exit, and in tests). The next store acquired starts a
+        janitor again."""
         with self._mutex:
             idle = [e for e in self._entries.values() if not e.busy]
             for entry in idle:
                 del self._entries[entry.key]
             closing, self._closing = self._closing, []
+            janitor, self._janitor = self._janitor, None
+        if janitor is not None:
+            thread, stop = janitor
+            stop.set()
+            self._wake.set()
+            if thread is not threading.current_thread():
+                thread.join()
         for entry in idle:
             _shutdown(entry)
         for thread in closing:
@@ -317,17 +337,32 @@ class StoreCache:
         with self._mutex:
             if self._janitor is not None:
                 return
-            self._janitor = threading.Thread(
-                target=self._janitor_loop, name="statekeeper-janitor", daemon=True
+            stop = threading.Event()
+            thread = threading.Thread(
+                target=self._janitor_loop, args=(stop,), name="statekeeper-janitor", daemon=True
             )
-        self._janitor.start()
+            self._janitor = thread, stop
+        thread.start()
 
-    def _janitor_loop(self) -> None:
+    def _janitor_loop(self, stop: threading.Event) -> None:
         last_sweep = time.monotonic()
-        while True:
-            self._wake.wait(_JANITOR_POLL_S)
+        watch = _RequestWatch()
+        # The folders of the idle stores, and when the first of them is idle too long: as of
+        # the last pass over the stores. Stores become idle only in a release, which wakes
+        # the janitor, so nothing else needs a pass over them (a worker may hold hundreds).
+        folders: set[str] = set()
+        due = math.inf
+        while not stop.is_set():
+            next_sweep = last_sweep + _SWEEP_EVERY_S - time.monotonic()
+            woken = self._wake.wait(_JANITOR_POLL_S if folders else max(next_sweep, 0.0))
             self._wake.clear()
-            self._close_doomed(time.monotonic())
+            if stop.is_set():
+                return
+            now = time.monotonic()
+            # Woken (a store released or opened): a request may wait for it; look everywhere.
+            look = watch.folders(folders, everything=woken)
+            if look is None or look or now >= due:
+                folders, due = self._close_doomed(now, look)
             if time.monotonic() - last_sweep >= _SWEEP_EVERY_S:
                 last_sweep = time.monotonic()
                 try:
@@ -335,20 +370,30 @@ class StoreCache:
                 except (StateKeeperError, OSError):
                     _log.exception("could not sweep unused local working copies")
 
-    def _close_doomed(self, now: float) -> None:
+    def _close_doomed(
+        self, now: float, folders: Collection[str] | None = None
+    ) -> tuple[set[str], float]:
         """Take out of the cache the idle stores to close now (asked for by another
         process, idle too long, or the least recently used beyond the open-store budget)
         and close each on a thread of its own: a store waiting for its snapshot upload must
         not hold up the handover of another. The threads start in the same hold of the
         mutex that takes the stores out, so :meth:`close_all` never misses a close under
-        way."""
+        way. Requests are looked for only for copies in ``folders`` (default: all).
+
+        Returns:
+            The folders of the stores kept idle, and when the first of them will have been
+            idle too long (``math.inf`` if none).
+        """
         doomed: list[_Entry] = []
         keep: list[_Entry] = []
         with self._mutex:
             for entry in sorted(self._entries.values(), key=_idle_since):
                 if entry.busy:
                     continue
-                asked = entry.lock.requested() or now - entry.idle_since > self._idle_close_s
+                look = folders is None or os.path.dirname(entry.path) in folders
+                asked = (look and entry.lock.requested()) or (
+                    now - entry.idle_since > self._idle_close_s
+                )
                 (doomed if asked else keep).append(entry)
             budget = min((e.backend.config.max_open_stores for e in self._entries.values()),
                          default=0)  # fmt: skip
@@ -366,6 +411,9 @@ class StoreCache:
                     thread.start()
         if over:
             _log.debug("closing %s idle stores beyond max_open_stores=%s", len(over), budget)
+        kept = keep[len(over) :]
+        due = min((e.idle_since for e in kept), default=math.inf) + self._idle_close_s
+        return {os.path.dirname(e.path) for e in kept}, due
 
     def sweep_local_copies(self, now: float | None = None) -> list[str]:
         """Delete the working copies of the roots this worker served that no task has used
@@ -387,6 +435,41 @@ class StoreCache:
                 len(removed), ", ".join(removed),
             )  # fmt: skip
         return removed
+
+
+class _RequestWatch:
+    """Which folders of idle working copies may hold a request file the janitor has not
+    seen: making one changes its folder's time (:meth:`StoreLock.ask`)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, int | None] = {}
+        self._all_at = -math.inf
+
+    def folders(self, folders: set[str], *, everything: bool) -> set[str] | None:
+        """Those of ``folders`` to look for requests in now; ``None``: look in all (woken
+        with ``everything``, or ``_LOOK_ALL_EVERY_S`` after the last look in all). A folder's
+        time is read before its requests are looked for, so a request made after the look
+        changes it."""
+        now = time.monotonic()
+        times = {folder: _mtime_ns(folder) for folder in folders}
+        if everything or now - self._all_at >= _LOOK_ALL_EVERY_S:
+            self._seen, self._all_at = times, now
+            return None
+        wall = time.time_ns()
+        changed = {
+            folder
+            for folder, mtime in times.items()
+            if mtime is None or mtime != self._seen.get(folder) or wall - mtime < _RECENT_NS
+        }
+        self._seen = times
+        return changed
+
+
+def _mtime_ns(folder: str) -> int | None:
+    try:
+        return os.stat(folder).st_mtime_ns
+    except OSError:
+        return None
 
 
 def _entry_key(backend: StateBackend, spec: StoreSpec, partition: int) -> tuple[str, str, int]:
