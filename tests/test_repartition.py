@@ -7,6 +7,9 @@ import dataclasses
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -385,3 +388,62 @@ def test_gc_finishes_a_repartition_that_died_after_its_commit_point(
         assert not meta.rescales[OP].pending
         assert meta.operators[OP] == 4
     check_layout(state_of(root, tmp_path, "read"), everything)
+
+
+_KILLED_CHILD = """
+import sys
+from pathlib import Path
+from statekeeper.repartition import repartition
+from statekeeper.storage import open_blob_store
+from tests.blobstores import FaultyBlobStore
+from tests.test_repartition import OP, config
+root, tmp = sys.argv[1], Path(sys.argv[2])
+blobs = FaultyBlobStore(open_blob_store(root), fail_at=1, kind="kill", op="put")
+repartition(blobs, OP, partitions=3, config=config(tmp, "child"), work_dir=tmp / "scratch")
+"""
+
+_HOLDER_CHILD = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_work_folder_a_killed_repartition_left_is_deleted_by_the_next_one(
+    tmp_path: Path,
+) -> None:
+    """Each work folder holds a restored copy of the whole operator: a killed repartition's
+    must not stay for ever (repeated kills would fill the disk). The next repartition in
+    the same work_dir deletes it, and keeps the folder of one still running."""
+    root, everything = build_root(tmp_path, 2)
+    scratch = tmp_path / "scratch"
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_CHILD, root, str(tmp_path)],
+        cwd=repo, capture_output=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
+    (killed,) = scratch.glob("statekeeper-repartition-*")
+    assert any(killed.rglob("*.sst"))  # the old stores were restored into it
+    running = scratch / "statekeeper-repartition-running"
+    running.mkdir()
+    (running / ".owner.lock").touch()
+    unlocked_new = scratch / "statekeeper-repartition-new"  # an older release's, just made
+    unlocked_new.mkdir()
+    unlocked_old = scratch / "statekeeper-repartition-old"
+    unlocked_old.mkdir()
+    os.utime(unlocked_old, (time.time() - 7200, time.time() - 7200))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER_CHILD, str(running / ".owner.lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == b"locked\n"
+        repartition(root, OP, partitions=3, config=config(tmp_path, "r"), work_dir=scratch)
+    finally:
+        holder.communicate(b"", timeout=60)
+    assert sorted(p.name for p in scratch.iterdir()) == [unlocked_new.name, running.name]
+    check_layout(state_of(root, tmp_path, "after"), everything)

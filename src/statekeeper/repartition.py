@@ -33,6 +33,9 @@ retained snapshot of any store naming them.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import logging
 import os
 import shutil
 import tempfile
@@ -75,6 +78,8 @@ from statekeeper.store import (
     finish_pending_rescale,
     latest_versions,
 )
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["Progress", "RepartitionReport", "check_request", "plan_parents", "repartition"]
 
@@ -164,7 +169,8 @@ def repartition(
         storage_options: for a URI root.
         work_dir: where the old stores are restored (a temporary folder under it, removed
             at the end); the system's temporary folder by default. It needs room for the
-            whole operator's state.
+            whole operator's state. Folders there that killed repartitions left are
+            deleted first.
         workers: old and new stores handled at once (default: ``min(4, io_threads)``).
         progress: called as work proceeds (see :data:`Progress`).
 
@@ -192,13 +198,88 @@ def repartition(
     try:
         cfg = config or backend.config
         job = _Job.prepare(backend, cfg, operator, partitions, to)
-        if work_dir is not None:
-            Path(work_dir).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="statekeeper-repartition-", dir=work_dir) as tmp:
-            return job.run(Path(tmp), workers or min(4, cfg.io_threads), progress, started)
+        with _work_folder(work_dir) as tmp:
+            return job.run(tmp, workers or min(4, cfg.io_threads), progress, started)
     finally:
         if backend is not root:
             backend.close()
+
+
+_WORK_PREFIX = "statekeeper-repartition-"
+_OWNER = ".owner.lock"
+_UNLOCKED_GRACE_S = 3600.0
+"""A work folder without an owner lock (made by a release before it had one) is taken for
+abandoned once this old."""
+
+
+@contextlib.contextmanager
+def _work_folder(work_dir: str | os.PathLike[str] | None) -> Iterator[Path]:
+    """A new work folder under ``work_dir`` (the system's temporary folder by default),
+    deleted at the end, after deleting the folders there that killed repartitions left: each
+    holds a restored copy of a whole operator, and repeated kills would fill the disk.
+
+    A folder is owned by an ``flock`` on its lock file, which the OS releases when its
+    process dies. The lock file is locked under a temporary name and then renamed into
+    place, so no other process ever sees it unlocked while its owner lives.
+    """
+    base = Path(tempfile.gettempdir() if work_dir is None else work_dir)
+    base.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(base)
+    folder = Path(tempfile.mkdtemp(prefix=_WORK_PREFIX, dir=base))
+    unlocked = folder / f"{_OWNER}.{uuid.uuid4().hex}"
+    fd = os.open(unlocked, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(unlocked, folder / _OWNER)
+        yield folder
+    finally:
+        try:
+            shutil.rmtree(folder)
+        except OSError as exc:  # the next repartition here deletes what is left
+            _log.warning("could not delete the work folder %s: %s", folder, exc)
+        os.close(fd)
+
+
+def _remove_abandoned(base: Path) -> None:
+    """Delete the work folders under ``base`` whose owner is dead (their lock is free), and
+    those without a lock older than ``_UNLOCKED_GRACE_S``; a failure is logged, not raised."""
+    folders: list[str] = []
+    with contextlib.suppress(OSError), os.scandir(base) as entries:
+        for entry in entries:
+            if entry.name.startswith(_WORK_PREFIX) and entry.is_dir(follow_symlinks=False):
+                folders.append(entry.path)
+    for folder in folders:
+        try:
+            fd = os.open(os.path.join(folder, _OWNER), os.O_RDWR)
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                if time.time() - os.stat(folder).st_mtime > _UNLOCKED_GRACE_S:
+                    _remove_work_folder(folder)
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a running repartition's
+        else:
+            _remove_work_folder(folder)
+        finally:
+            os.close(fd)
+
+
+def _remove_work_folder(folder: str) -> None:
+    size = 0
+    for parent, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                size += os.lstat(os.path.join(parent, name)).st_size
+    try:
+        shutil.rmtree(folder)
+    except OSError as exc:
+        _log.warning("could not delete %s, left by a killed repartition: %s", folder, exc)
+    else:
+        _log.info("deleted %s (%s bytes), left by a killed repartition", folder, f"{size:,}")
 
 
 def _refuse(message: str) -> ConfigMismatchError:
