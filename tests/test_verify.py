@@ -274,3 +274,40 @@ def test_damaged_commit_metrics_of_a_manifest_store_are_reported_by_deep_verify(
     assert backend.verify(deep=False).ok  # metrics are not state: only a deep check reads them
     report = backend.verify(deep=True)
     assert [(p.blob, p.kind) for p in report.problems] == [(key, "corrupt")]
+
+
+def test_a_changelog_of_several_parts_verifies_and_a_damaged_part_is_named(
+    tmp_path: Path,
+) -> None:
+    """A commit larger than changelog_part_bytes is written as several parts in one blob:
+    the shallow check reads each part's header (the first one's length is not the blob's)."""
+    config = sk.StoreConfig(
+        local_dir=str(tmp_path / "w"), changelog_part_bytes=4096, snapshot_every=1000
+    )
+    backend = sk.StateBackend(str(tmp_path / "root"), config=config)
+    with backend.open("op", 0) as store:
+        for i in range(500):
+            store.put(b"key%05d" % i, b"v" * 40)
+        store.commit()
+    key = _history(tmp_path).changelog_key(1)
+    path = tmp_path / "root" / key
+    data = path.read_bytes()
+    assert data.count(b"SKCL") > 3  # several parts
+    for deep in (False, True):
+        report = backend.verify(deep=deep)
+        assert report.ok, report.problems
+    # The last part cut off: the part headers announce more bytes than the blob holds.
+    path.write_bytes(data[: data.rindex(b"SKCL")])
+    problems = backend.verify(deep=False).problems
+    assert [(p.kind, p.blob) for p in problems][:1] == [("corrupt", key)], problems
+    assert "too short for a header" in problems[0].message  # the announced part is not there
+    # A part of another version spliced in: its header names the wrong version.
+    other = bytearray(data)
+    second = data.index(b"SKCL", 4)
+    other[second + 16 : second + 24] = (7).to_bytes(8, "big")
+    path.write_bytes(bytes(other))
+    problems = backend.verify(deep=False).problems
+    assert problems, "a part with another version passed the shallow check"
+    assert problems[0].blob == key
+    assert "does not belong where it is stored" in problems[0].message
+    backend.close()

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from statekeeper import layout
-from statekeeper.changelog import MAX_HEADER_SIZE, read_header
+from statekeeper.changelog import part_headers
 from statekeeper.checksum import canonical_json, check_sealed, seal
 from statekeeper.errors import CorruptStateError, StateNotFoundError
 from statekeeper.history import RootListing, StoreHistory
@@ -328,12 +328,8 @@ def _record_counts(
 
     def count(v: int) -> int:
         key = history.changelog_key(v)
-        header = read_header(blobs.get_range(key, 0, MAX_HEADER_SIZE), blob=key)
-        records, offset = header.record_count, 0
-        while header.more_parts:  # a changelog of several parts: one header read per part
-            offset += header.blob_length
-            header = read_header(blobs.get_range(key, offset, MAX_HEADER_SIZE), blob=key)
-            records += header.record_count
+        parts = part_headers(lambda start, length: blobs.get_range(key, start, length), blob=key)
+        records = sum(header.record_count for _, header in parts)
         if on_header is not None:
             on_header()
         return records

@@ -28,11 +28,10 @@ import google_crc32c
 
 from statekeeper import layout
 from statekeeper.changelog import (
-    MAX_HEADER_SIZE,
     ChangelogIdentity,
     check_identity,
     decode_changelog,
-    read_header,
+    part_headers,
 )
 from statekeeper.errors import CorruptStateError, StateKeeperError, StateNotFoundError
 from statekeeper.history import StoreHistory, ranges
@@ -347,15 +346,19 @@ class _StoreCheck:
                 decode_changelog(data, blob=key, expected=expected, anonymous_ok=legacy)
                 self.report.bytes_checked += len(data)
                 return True
-            header = read_header(self.blobs.get_range(key, 0, MAX_HEADER_SIZE), blob=key)
-            if header.blob_length != self.metas[key].size:
-                raise CorruptStateError(
-                    f"changelog {key} is not valid: expected {header.blob_length} bytes "
-                    f"from its header, found {self.metas[key].size}"
+            end = 0  # a changelog of several parts: each part's header is checked
+            for start, header in part_headers(
+                lambda start, length: self.blobs.get_range(key, start, length), blob=key
+            ):
+                check_identity(
+                    header, blob=key, version=version, expected=identity, anonymous_ok=legacy
                 )
-            check_identity(
-                header, blob=key, version=version, expected=identity, anonymous_ok=legacy
-            )
+                end = start + header.blob_length
+            if end != self.metas[key].size:
+                raise CorruptStateError(
+                    f"changelog {key} is not valid: expected {end:,} bytes from its part "
+                    f"headers, found {self.metas[key].size:,}"
+                )
         except StateNotFoundError as exc:
             self.problem(key, "missing", f"store {self.store}: {exc}")
             return False

@@ -99,6 +99,7 @@ from statekeeper.changelog._header import (
     ChangelogHeader,
     ChangelogIdentity,
     check_identity,
+    part_headers,
     read_header,
 )
 from statekeeper.changelog._records import MAX_ITEM_LENGTH, Columns
@@ -122,6 +123,7 @@ __all__ = [
     "decode_changelog",
     "encode_changelog",
     "encode_changelog_parts",
+    "part_headers",
     "read_changelog",
     "read_header",
 ]

@@ -21,6 +21,7 @@ is refused naming both.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -375,3 +376,23 @@ def read_header(data: bytes | bytearray | memoryview, *, blob: str) -> Changelog
     fields = unpack_header(head, blob)
     identity = parse_identity(head, fields[1], blob)
     return check_header(fields, blob, identity, header_length(head, fields[1], blob))
+
+
+def part_headers(
+    read_range: Callable[[int, int], bytes], *, blob: str
+) -> Iterator[tuple[int, ChangelogHeader]]:
+    """The offset and header of each part of a changelog blob, in order (one for a blob of
+    one part), reading one header prefix at a time with ``read_range(offset, length)``. The
+    last part ends at the last offset plus its :attr:`ChangelogHeader.blob_length`.
+
+    Raises:
+        CorruptStateError: a header is not valid (or is cut off: the blob ends before a part
+            its predecessor announces).
+    """
+    offset = 0
+    while True:
+        header = read_header(read_range(offset, MAX_HEADER_SIZE), blob=blob)
+        yield offset, header
+        if not header.more_parts:
+            return
+        offset += header.blob_length
