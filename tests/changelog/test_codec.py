@@ -186,6 +186,7 @@ def test_public_names() -> None:
         "decode_changelog",
         "encode_changelog",
         "encode_changelog_parts",
+        "part_headers",
         "read_changelog",
         "read_header",
     ]
