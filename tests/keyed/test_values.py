@@ -140,6 +140,15 @@ def test_numpy_and_pandas_values_are_stored_as_python_values() -> None:
     assert codec.decode(codec.encode(took)) == dt.timedelta(microseconds=1)
 
 
+def test_a_numpy_array_is_refused_even_of_one_element_never_stored_as_its_value() -> None:
+    """``rows["v"].values[-1:]`` is an array, not a scalar: storing it as ``5`` would read
+    back as another type than was written."""
+    codec = DefaultCodec()
+    for array in (np.array([5]), np.array(7), np.array([1, 2, 3]), [np.array([1])]):
+        with pytest.raises(TypeError, match=r"cannot store a numpy array .*array\.tolist\(\)"):
+            codec.encode(array)
+
+
 def test_the_default_codec_never_unpickles() -> None:
     pickled = PickleCodec().encode({1, 2})
     with pytest.raises(CorruptStateError, match=r"never unpickles .* codec=PickleCodec"):
