@@ -48,6 +48,19 @@ class S3Server:
         )
         client.create_bucket(Bucket=name)
 
+    def put_object(self, bucket: str, key: str, data: bytes) -> None:
+        """Put an object as another tool would (statekeeper's key rules do not apply)."""
+        import boto3
+
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=S3_ACCESS_KEY,
+            aws_secret_access_key=S3_SECRET_KEY,
+            region_name=S3_REGION,
+        )
+        client.put_object(Bucket=bucket, Key=key, Body=data)
+
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:

@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,7 @@ from statekeeper.storage import (
 )
 from statekeeper.storage._object import STREAM_PART_BYTES
 from statekeeper.storage._parallel import ParallelTransfers
+from tests.conftest import S3Server
 
 FAST_RETRY = RetryPolicy(max_attempts=3, base_delay_s=0.001, max_delay_s=0.01)
 
@@ -280,6 +282,23 @@ class BlobStoreConformance:
         assert store.list("x/zz") == []
         assert store.list("nothing/") == []
 
+    @pytest.fixture
+    def put_foreign(self) -> Callable[[str, bytes], None]:
+        """Write an object under the root as another tool would, bypassing the key rules."""
+        pytest.skip("this backend's test has no raw writer")
+
+    def test_list_leaves_out_what_other_tools_put_under_the_root(
+        self, store: BlobStore, put_foreign: Callable[[str, bytes], None]
+    ) -> None:
+        """``aws s3 sync`` or a file manager may leave ``.DS_Store`` and the like: a listing
+        that returned them would hand GC and verify keys no call accepts."""
+        store.put("op/0/files/blob", b"x")
+        put_foreign("op/0/files/.DS_Store", b"junk")
+        put_foreign("op/0/.hidden/x", b"junk")
+        assert keys_of(store.list("op/")) == ["op/0/files/blob"]
+        assert keys_of(store.list()) == ["op/0/files/blob"]
+        store.delete_many(keys_of(store.list("op/")))
+
     @pytest.mark.parametrize("prefix", ["/x", "../", "a/../", "a//b", "a\\b"])
     def test_list_refuses_invalid_prefixes(self, store: BlobStore, prefix: str) -> None:
         with pytest.raises(ValueError, match="list prefix"):
@@ -404,6 +423,15 @@ class TestLocal(BlobStoreConformance):
     def root(self, local_root: tuple[str, dict[str, str]]) -> tuple[str, dict[str, str]]:
         return local_root
 
+    @pytest.fixture
+    def put_foreign(self, local_root: tuple[str, dict[str, str]]) -> Callable[[str, bytes], None]:
+        def put(key: str, data: bytes) -> None:
+            path = Path(local_root[0]) / key
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+
+        return put
+
     def test_put_stream_is_create_only(self, store: BlobStore) -> None:
         store.put("s/k", b"original")
         with pytest.raises(CommitConflictError, match="s/k"):
@@ -417,6 +445,13 @@ class TestS3(BlobStoreConformance):
     @pytest.fixture
     def root(self, s3_root: tuple[str, dict[str, str]]) -> tuple[str, dict[str, str]]:
         return s3_root
+
+    @pytest.fixture
+    def put_foreign(
+        self, s3_root: tuple[str, dict[str, str]], s3_server: S3Server
+    ) -> Callable[[str, bytes], None]:
+        bucket, _, prefix = s3_root[0].removeprefix("s3://").partition("/")
+        return lambda key, data: s3_server.put_object(bucket, f"{prefix}/{key}", data)
 
 
 @pytest.mark.gcs

@@ -53,6 +53,7 @@ from statekeeper.storage._parallel import (
     check_key,
     check_prefix,
     check_range,
+    is_key,
 )
 from statekeeper.storage._protocol import BlobMeta
 from statekeeper.storage._retry import RetryPolicy, call_with_retry, put_with_retry
@@ -273,6 +274,8 @@ class ObjectBlobStore(ParallelTransfers):
 
     def list(self, prefix: str = "") -> list[BlobMeta]:
         """Every blob whose key starts with ``prefix`` (a plain string prefix), sorted by key.
+        Objects whose names are not blob keys (put there by other tools: ``.DS_Store``) are
+        left out, as the local backend leaves out dot files.
 
         Raises:
             ValueError: invalid prefix.
@@ -290,7 +293,7 @@ class ObjectBlobStore(ParallelTransfers):
                     found.extend(
                         _meta(meta["path"], meta)
                         for meta in chunk
-                        if meta["path"].startswith(prefix)
+                        if meta["path"].startswith(prefix) and is_key(meta["path"])
                     )
             found.sort(key=lambda meta: meta.key)
             return found

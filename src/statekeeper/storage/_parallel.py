@@ -114,6 +114,15 @@ def check_key(key: object) -> str:
     return key
 
 
+def is_key(key: str) -> bool:
+    """Whether ``key`` is a valid blob key (:func:`check_key`), without raising."""
+    try:
+        check_key(key)
+    except ValueError:
+        return False
+    return True
+
+
 def check_prefix(prefix: object) -> str:
     """Return ``prefix`` if it is a valid listing prefix.
 

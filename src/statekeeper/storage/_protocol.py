@@ -89,6 +89,8 @@ class BlobStore(Protocol):
         """Every blob whose key starts with ``prefix``, sorted by key (recursive).
 
         ``prefix`` is a plain string prefix: ``"a/b"`` matches ``"a/b/c"`` and ``"a/bc"``.
+        Only valid keys are listed: what other tools left under the root (``.DS_Store``, a
+        name with a segment starting with ``.``) is not.
 
         Raises:
             ValueError: the folder part of ``prefix`` is not a valid key.
