@@ -420,3 +420,25 @@ def test_a_gc_host_whose_clock_runs_behind_stamps_what_it_retires_by_the_store_s
     assert before.index_key(10) not in right.gc().deleted_keys
     assert retired() == stamps
     assert slow.blobs.head(before.index_key(10)).size > 0
+
+
+def test_a_dry_run_names_the_epoch_manifests_the_real_run_deletes(tmp_path: Path) -> None:
+    """``gc --dry-run`` must predict the run: it once left out the epoch manifests (and task
+    reports) past their retention, which the real run then deleted."""
+    root = str(tmp_path / "root")
+    writer = sk.StateBackend(root, config=_config(tmp_path, "w", retain_versions=5))
+    writer._snapshotter.after_upload = None  # no background gc while writing
+    _commit_many(writer, 12)
+    for epoch in range(4, 11):
+        _epoch(writer, "q", epoch)
+    expired = {layout.epoch_key(4, "q"), layout.epoch_key(5, "q")}
+    before = {m.key for m in writer.blobs.list("")}
+    dry = writer.gc(dry_run=True)
+    assert {m.key for m in writer.blobs.list("")} == before
+    assert expired <= set(dry.deleted_keys)
+    assert dry.deleted_root_blobs == 2
+    real = writer.gc()
+    assert sorted(real.deleted_keys) == sorted(dry.deleted_keys)
+    assert real.deleted_root_blobs == 2
+    assert not expired & {m.key for m in writer.blobs.list("")}
+    writer.close()

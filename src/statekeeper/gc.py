@@ -147,6 +147,12 @@ class GcReport:
         return sum(s.deleted_blobs for s in self.stores.values())
 
     @property
+    def deleted_root_blobs(self) -> int:
+        """Blobs deleted (or that would be) outside the stores: epoch manifests, task
+        reports and clock probes past their retention."""
+        return len(self.deleted_keys) - self.deleted_blobs
+
+    @property
     def deleted_bytes(self) -> int:
         """Bytes deleted (or that would be) in all stores."""
         return sum(s.deleted_bytes for s in self.stores.values())
@@ -227,9 +233,8 @@ def collect_garbage(
         older_than = max(config.orphan_ttl_s, _MIN_TEMP_AGE_S)
         report.incomplete_writes = blobs.sweep_incomplete(older_than, dry_run=dry_run)
         report.deleted_keys.extend(sweep_probes(blobs, now, dry_run=dry_run))
-        if not dry_run:
-            report.deleted_keys.extend(_expire_epochs(blobs, config))
-            report.deleted_keys.extend(sweep_reports(blobs))
+        report.deleted_keys.extend(_expire_epochs(blobs, config, dry_run=dry_run))
+        report.deleted_keys.extend(sweep_reports(blobs, dry_run=dry_run))
     report.duration_s = time.monotonic() - started
     _log.info(
         "gc%s: %d blobs, %d bytes %s in %d stores (%.2fs)",
@@ -627,8 +632,9 @@ def _delete_in_order(blobs: BlobStore, keys: list[str]) -> None:
         blobs.delete_many(files)
 
 
-def _expire_epochs(blobs: BlobStore, config: StoreConfig) -> list[str]:
-    """Delete each query's epoch manifests beyond its newest ``retain_versions``."""
+def _expire_epochs(blobs: BlobStore, config: StoreConfig, *, dry_run: bool) -> list[str]:
+    """Delete each query's epoch manifests beyond its newest ``retain_versions`` (or, in a
+    dry run, only name them)."""
     by_query: dict[str | None, list[tuple[int, str]]] = defaultdict(list)
     for m in blobs.list(layout.epochs_prefix()):
         if (parsed := layout.parse_epoch_key(m.key)) is not None:
@@ -638,6 +644,6 @@ def _expire_epochs(blobs: BlobStore, config: StoreConfig) -> list[str]:
         for epochs in by_query.values()
         for _, key in sorted(epochs)[: max(0, len(epochs) - config.retain_versions)]
     ]
-    if doomed:
+    if doomed and not dry_run:
         blobs.delete_many(doomed)
     return doomed

@@ -194,11 +194,13 @@ def prune_reports(blobs: BlobStore, operator: str, partition: int, batch_id: int
     return len(keys)
 
 
-def sweep_reports(blobs: BlobStore, *, keep: int = KEEP_BATCHES) -> list[str]:
+def sweep_reports(
+    blobs: BlobStore, *, keep: int = KEEP_BATCHES, dry_run: bool = False
+) -> list[str]:
     """Delete, per operator, the reports of micro-batches older than ``keep`` batches before
     its newest reported one: the window :func:`prune_reports` keeps, over the whole root.
 
-    Returns the keys deleted.
+    Returns the keys deleted (with ``dry_run``: that would be; nothing is deleted).
 
     Raises:
         StorageError: the listing or a delete failed.
@@ -215,6 +217,6 @@ def sweep_reports(blobs: BlobStore, *, keep: int = KEEP_BATCHES) -> list[str]:
         if batch < max(by_batch) - keep
         for key in keys
     ]
-    if doomed:
+    if doomed and not dry_run:
         blobs.delete_many(doomed)
     return doomed

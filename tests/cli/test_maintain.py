@@ -174,6 +174,11 @@ def test_gc_deletes_and_keeps_the_retained_versions_restorable(root: Built, tmp_
     doc = json.loads(result.stdout)
     assert doc["dry_run"] is False
     assert doc["deleted_blobs"] > 0
+    # The total counts every key deleted, the root's own (epoch manifests...) too.
+    assert doc["deleted_blobs"] == len(doc["deleted_keys"])
+    assert doc["deleted_root_blobs"] == doc["deleted_blobs"] - sum(
+        s["deleted_blobs"] for s in doc["stores"]
+    )
     blobs = root.blobs()
     try:
         left = set(keys_of(blobs, ""))
@@ -233,7 +238,7 @@ def test_gc_applies_the_retention_the_root_records_by_default(local: Built, tmp_
     with sk.StateBackend(local.uri, config=recorded) as backend:
         backend.start_generation("counts")
     doc = json.loads(run("gc", local.uri, "--json").stdout)
-    assert (doc["retain_versions"], doc["orphan_ttl_s"]) == (2, 0.0)
+    assert (doc["retain_versions"], doc["orphan_ttl_s"]) == (2, 300.0)  # raised to the floor
     assert doc["deleted_blobs"] > 0
     versions = json.loads(run("versions", local.uri, "counts", "-p", "0", "--json").stdout)
     assert [v["version"] for v in versions["partitions"][0]["versions"]] == [6, 7]

@@ -19,7 +19,7 @@ from statekeeper.cli._open import open_root, root_arguments
 from statekeeper.cli._progress import Bars
 from statekeeper.cli._render import human_bytes
 from statekeeper.config import StoreConfig
-from statekeeper.gc import GcReport
+from statekeeper.gc import MIN_ORPHAN_TTL_S, GcReport
 from statekeeper.verify import VerifyReport
 
 __all__ = ["gc", "verify"]
@@ -168,9 +168,11 @@ def _gc_document(
         "root": uri,
         "dry_run": report.dry_run,
         "retain_versions": retain_versions,
-        "orphan_ttl_s": orphan_ttl,
-        "deleted_blobs": sum(s["deleted_blobs"] for s in stores),
-        "deleted_bytes": sum(s["deleted_bytes"] for s in stores),
+        # GC raises a grace below its floor (a WARNING says so): report the one it used.
+        "orphan_ttl_s": max(orphan_ttl, MIN_ORPHAN_TTL_S),
+        "deleted_blobs": len(report.deleted_keys),
+        "deleted_bytes": report.deleted_bytes,
+        "deleted_root_blobs": report.deleted_root_blobs,
         "stores": stores,
         "deleted_keys": list(report.deleted_keys),
     }
@@ -195,10 +197,12 @@ def _print_gc(console: Console, doc: dict[str, Any], list_keys: bool) -> None:
         for key in doc["deleted_keys"]:
             console.print(Text(f"{verb}: {key}"))
     dry = " (dry run: nothing was deleted)" if doc["dry_run"] else ""
+    root_blobs = doc["deleted_root_blobs"]
+    others = f"; {root_blobs} epoch manifests, task reports and probes" if root_blobs else ""
     console.print(
         Text(
             f"{doc['root']}: {verb} {doc['deleted_blobs']} blobs "
-            f"({human_bytes(doc['deleted_bytes'])}), keeping the newest "
+            f"({human_bytes(doc['deleted_bytes'])} of stores{others}), keeping the newest "
             f"{doc['retain_versions']} versions of every store{dry}"
         )
     )
