@@ -67,6 +67,25 @@ def test_export_refuses_a_non_empty_target_and_leaves_it_alone(tmp_path: Path) -
     assert (target / "keep.txt").read_text() == "mine"
 
 
+def test_export_refuses_a_link_or_a_path_below_a_file_before_restoring_anything(
+    tmp_path: Path,
+) -> None:
+    """A link to an empty folder was restored into in full, then failed to move the
+    database into place ("Not a directory"); below a file, the error named no target."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    (tmp_path / "afile").write_text("f")
+    with _backend(tmp_path) as backend:
+        _build(backend)
+        with pytest.raises(FileExistsError, match=r"link\b.* is a symbolic link \(to .*empty\)"):
+            backend.export("ops", 0, tmp_path / "link")
+        with pytest.raises(FileExistsError, match=r"afile is not a directory"):
+            backend.export("ops", 0, tmp_path / "afile" / "sub")
+    assert list((tmp_path / "empty").iterdir()) == []
+    assert (tmp_path / "link").is_symlink()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".statekeeper")] == []
+
+
 def test_export_of_a_missing_version_creates_nothing(tmp_path: Path) -> None:
     with _backend(tmp_path) as backend:
         _build(backend)

@@ -51,12 +51,24 @@ def prepare_target(to: str | os.PathLike[str]) -> Path:
     """The absolute target path, checked to be absent or an empty directory.
 
     Raises:
-        FileExistsError: the target exists and is not an empty directory.
+        FileExistsError: the target exists and is not an empty directory (a symbolic link
+            is refused too: the database is moved into place, which would replace the link,
+            not fill the folder it points to), or a parent of it is not a directory.
     """
     target = Path(to).absolute()
+    if target.is_symlink():
+        raise FileExistsError(
+            f"export target {target} is a symbolic link (to {os.readlink(target)}): give the "
+            "folder itself"
+        )
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise FileExistsError(f"export target {target} exists and is not an empty directory")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as exc:
+        raise FileExistsError(
+            f"cannot make the folder of export target {target}: {exc.filename} is not a directory"
+        ) from exc
     return target
 
 
