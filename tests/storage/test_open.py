@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import statekeeper.storage
-from statekeeper.errors import StorageError, TransientStorageError
+from statekeeper.errors import StateNotFoundError, StorageError, TransientStorageError
 from statekeeper.storage import (
     LocalBlobStore,
     ObjectBlobStore,
@@ -178,10 +178,14 @@ def test_boolean_client_options_refuse_other_strings() -> None:
 
 def test_credentials_never_in_repr_str_or_uri() -> None:
     options = {"access_key_id": "AKIDEXAMPLE", "secret_access_key": SECRET, "session_token": SECRET}
-    store = open_blob_store("s3://bucket/prefix?versionId=" + SECRET, options)
+    store = open_blob_store("s3://bucket/prefix", options)
     for text in (repr(store), str(store), store.uri):
         assert SECRET not in text
         assert "AKIDEXAMPLE" not in text
+    # A query string (a token put there by mistake) is refused, and never echoed.
+    with pytest.raises(ValueError, match="query string") as info:
+        open_blob_store("s3://bucket/prefix?versionId=" + SECRET, options)
+    assert SECRET not in full_text(info.value)
 
 
 def test_credentials_inside_the_uri_are_refused_without_echo() -> None:
@@ -244,6 +248,30 @@ def test_missing_bucket_is_a_storage_error(
     assert SECRET not in full_text(info.value) + caplog.text
     with pytest.raises(StorageError, match="bucket"):
         store.list()
+    # A read said "no blob" (and so the CLI: "not a statekeeper checkpoint root").
+    with pytest.raises(StorageError, match="bucket or container not found") as read:
+        store.get("_statekeeper.json")
+    assert not isinstance(read.value, StateNotFoundError)
+
+
+@pytest.mark.parametrize(
+    "uri", ["s3://bucket/app#1", "s3://bucket/app?x=1", "gs://bucket/p#", "s3://bucket/a?"]
+)
+def test_a_query_or_fragment_in_an_object_uri_is_refused_not_dropped(uri: str) -> None:
+    """s3://b/app#1 and s3://b/app#2 were one root (the prefix 'app')."""
+    with pytest.raises(ValueError, match="must not have a query string or fragment") as info:
+        open_blob_store(uri)
+    assert "x=1" not in str(info.value)  # a query may be a token: never echoed
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket/a//b", "s3://bucket//a"])
+def test_an_empty_segment_in_an_object_uri_is_named_as_the_uri_s_fault(uri: str) -> None:
+    with pytest.raises(ValueError, match=r"must not have empty path segments \('//'\)"):
+        open_blob_store(uri)
+
+
+def test_trailing_slashes_of_an_object_uri_name_the_same_root() -> None:
+    assert open_blob_store("s3://bucket/root//").uri == "s3://bucket/root"
 
 
 def test_local_root_is_the_folder_of_a_path_or_file_uri_and_none_for_object_stores() -> None:

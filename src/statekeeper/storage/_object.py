@@ -68,6 +68,8 @@ OBJECT_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
 """URI schemes served by :class:`ObjectBlobStore`."""
 
 _NO_RETRIES: RetryConfig = {"max_retries": 0}
+_NO_BUCKET = re.compile(r"NoSuchBucket|ContainerNotFound|bucket does not exist")
+"""A 404's body that says the bucket or container is missing (S3, Azure, GCS)."""
 STREAM_PART_BYTES = 8 * 1024 * 1024
 """Size of each request of a multipart upload by ``put_stream`` (S3's minimum is 5 MiB)."""
 STREAM_CONCURRENCY = 4
@@ -132,7 +134,7 @@ class ObjectBlobStore(ParallelTransfers):
         config, client = split_client_options(options)
         scheme = self._uri.partition("://")[0]
         self._update_by_generation = scheme == "gs"
-        self._store = self._build(scheme + uri[len(scheme) :], config, client)
+        self._store = self._build(self._uri, config, client)
 
     @property
     def uri(self) -> str:
@@ -410,7 +412,9 @@ class ObjectBlobStore(ParallelTransfers):
         if isinstance(exc, AlreadyExistsError | PreconditionError):
             return CommitConflictError(f"{where}: the blob exists or its etag changed ({detail})")
         if isinstance(exc, FileNotFoundError | NotFoundError):
-            if op in ("get", "get_range", "head"):
+            # A read's 404 names a missing blob, unless the body says the bucket is missing
+            # (a HEAD has no body: it cannot tell).
+            if op in ("get", "get_range", "head") and not _NO_BUCKET.search(message):
                 return StateNotFoundError(f"no blob {key!r} at {self._uri}")
             return StorageError(f"{where}: bucket or container not found ({detail})")
         if isinstance(exc, PermissionDeniedError | UnauthenticatedError | PermissionError):
@@ -454,7 +458,17 @@ def _display_uri(uri: str) -> str:
         )
     if not host:
         raise ValueError(f"object store URI must name a bucket: {scheme}://<bucket>[/<prefix>]")
-    return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+    shown = f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+    if parts.query or parts.fragment or "?" in uri or "#" in uri:
+        # Never echoed: a query may be a token put there by mistake.
+        raise ValueError(
+            f"object store URI {shown}... must not have a query string or fragment ('?...', "
+            "'#...'): they are not part of the prefix, so roots that differed only there would "
+            "be one root; pass settings in storage_options"
+        )
+    if "//" in parts.path.rstrip("/"):
+        raise ValueError(f"object store URI must not have empty path segments ('//'): {shown}")
+    return shown
 
 
 def _secret_values(uri: object, options: Mapping[str, str]) -> tuple[str, ...]:
