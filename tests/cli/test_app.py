@@ -115,7 +115,11 @@ def test_bucket_without_root_metadata_is_a_usage_error(
     result = run("info", uri, *opts)
     assert result.exit_code == 2
     line = one_error_line(result)
-    assert f"{uri} is not a statekeeper checkpoint root" in line
+    if bucket == "missing":  # not "holds no _statekeeper.json": the URI is what is wrong
+        assert f"cannot open checkpoint root {uri}" in line
+        assert "bucket or container not found" in line
+    else:
+        assert f"{uri} is not a statekeeper checkpoint root" in line
     assert options["secret_access_key"] not in result.output
 
 

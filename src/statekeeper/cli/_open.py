@@ -23,7 +23,7 @@ from statekeeper import layout
 from statekeeper.cli._app import UsageFailure
 from statekeeper.config import StoreConfig
 from statekeeper.epochs import consistent_cut
-from statekeeper.errors import StateNotFoundError
+from statekeeper.errors import StateNotFoundError, StorageError, TransientStorageError
 from statekeeper.history import RootListing
 from statekeeper.storage import BlobStore, local_root, open_blob_store
 from statekeeper.store import RootMetadata, StateBackend
@@ -217,8 +217,9 @@ def open_root(
         **config: :class:`StoreConfig` fields (``local_dir`` is always a temp folder).
 
     Raises:
-        UsageFailure: the root does not exist, is not a statekeeper root, or its URI or a
-            storage option is not understood.
+        UsageFailure: the root does not exist (a missing bucket too), cannot be read with
+            the credentials given, is not a statekeeper root, or its URI or a storage option
+            is not understood.
         StateKeeperError: the root cannot be read.
     """
     workdir = ctx.with_resource(tempfile.TemporaryDirectory(prefix="statekeeper-cli-"))
@@ -232,7 +233,12 @@ def open_root(
         raise UsageFailure(f"cannot open checkpoint root: {exc}") from exc
     metered = MeteredBlobStore(inner)
     try:
-        backend = StateBackend(metered.store, config=store_config)
+        try:
+            backend = StateBackend(metered.store, config=store_config)  # reads the root
+        except TransientStorageError:
+            raise
+        except StorageError as exc:  # a missing bucket, denied access: the URI is wrong
+            raise UsageFailure(f"cannot open checkpoint root {inner.uri}: {exc}") from exc
     except BaseException:
         inner.close()
         raise
