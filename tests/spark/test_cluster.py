@@ -24,6 +24,7 @@ from statekeeper.spark import (
     StatefulProcessorHandle,
     batch_metrics,
     read_state,
+    read_state_changes,
     transform_with_state,
 )
 from tests.spark.conftest import SparkHolder
@@ -150,3 +151,23 @@ def test_two_queries_on_one_root_run_concurrently(
         state = read_state(cluster, root, name, storage_options=options)
         assert state_totals(state) == expected, name
         assert sink_latest(cluster, tmp_path / f"{name}-out") == expected, name
+
+
+def test_a_relative_local_root_is_read_as_the_driver_resolved_it(
+    cluster: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Executors of a cluster run in their own working folders: read_state and
+    read_state_changes given a relative path read the root the driver resolved (they once
+    failed, having made an empty root in each executor's folder)."""
+    monkeypatch.chdir(tmp_path)
+    write_files(tmp_path / "in", make_input(seed=34, files=3, rows=30, keys=8))
+    out = transform_with_state(
+        read_stream(cluster, tmp_path / "in"), ["k"], RunningCountSum(), OUTPUT_SCHEMA,
+        "rel/root", "counts", 2,
+    )  # fmt: skip
+    query = run_to_end(out, tmp_path / "out", tmp_path / "ck", timeout=300)
+    wait_for_epoch(cluster, query, 2)
+    expected = batch_totals(cluster, tmp_path / "in")
+    assert state_totals(read_state(cluster, "rel/root", "counts")) == expected
+    changes = read_state_changes(cluster, "rel/root", "counts", from_version=0)
+    assert changes.count() > 0

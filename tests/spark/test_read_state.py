@@ -17,8 +17,10 @@ import pytest
 from pyspark.sql import SparkSession
 
 from statekeeper import StateBackend, StoreConfig
+from statekeeper.errors import StateNotFoundError
 from statekeeper.keyed import read_operator_record
 from statekeeper.spark import latest_manifest, read_state, state_listener, transform_with_state
+from statekeeper.spark._read import _read_partition, _ReadSpec
 from tests.spark.conftest import SparkHolder
 from tests.spark.helpers import (
     OUTPUT_SCHEMA,
@@ -149,3 +151,18 @@ def test_without_manifests_the_newest_common_version_is_read(
         common = min(b.versions("first", p)[-1] for p in range(3))
     totals = state_totals(read_state(spark, str(copy), "first"))
     assert totals == ({} if common == 3 else two_queries.expected["first"])
+
+
+def test_a_read_task_that_finds_no_such_operator_fails_without_creating_a_root(
+    tmp_path: Path,
+) -> None:
+    """An executor that sees the root otherwise than the driver (a local root not on a
+    shared disk) must say so, not register the operator in a new root of its own."""
+    missing = tmp_path / "not-the-root"
+    spec = _ReadSpec(
+        checkpoint=str(missing), operator="counts", versions={0: 3}, arrow_schema=None,
+        typed=False, grouped=True, allow_pickle=False, schema_partition=0,
+    )  # fmt: skip
+    with pytest.raises(StateNotFoundError, match=r"as this executor reads it, holds no operator"):
+        list(_read_partition(spec, 0))
+    assert not (missing / "_statekeeper.json").exists()

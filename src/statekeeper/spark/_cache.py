@@ -58,7 +58,15 @@ from statekeeper.errors import StateKeeperError, StateNotFoundError
 from statekeeper.spark._filelock import StoreLock
 from statekeeper.store import RestoreInfo, StateBackend, StateStore, remove_unused_copy
 
-__all__ = ["CACHE", "IDLE_CLOSE_S", "Lease", "StoreCache", "StoreSpec", "worker_config"]
+__all__ = [
+    "CACHE",
+    "IDLE_CLOSE_S",
+    "Lease",
+    "StoreCache",
+    "StoreSpec",
+    "worker_config",
+    "worker_root",
+]
 
 _log = logging.getLogger("statekeeper.spark")
 _JANITOR_POLL_S = 0.01
@@ -514,6 +522,13 @@ def _remove(path: str, ttl: float, now: float) -> bool:
         return _unused_for(path, now) >= ttl and remove_unused_copy(path)
     finally:
         lock.release()
+
+
+def worker_root(checkpoint: str, backend: StateBackend) -> str:
+    """The root as workers must open it: a relative local path would resolve in their own
+    working folder (another root on every executor), so the absolute one the driver's
+    ``backend`` resolved."""
+    return checkpoint if "://" in checkpoint else backend.blobs.uri
 
 
 def worker_config(config: StoreConfig) -> StoreConfig:

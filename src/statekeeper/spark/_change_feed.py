@@ -21,6 +21,7 @@ from pyspark.sql import types as T
 from statekeeper import layout
 from statekeeper.config import StoreConfig
 from statekeeper.keyed import ChangeDecoder, OperatorRecord
+from statekeeper.spark._cache import worker_root
 from statekeeper.spark._listener import state_listener
 from statekeeper.spark._read import (
     PartitionRead,
@@ -134,12 +135,13 @@ def read_state_changes(
             for partition, version in sorted(versions.items()):
                 _check(backend, name, partition, from_version, version)
             _, record = schema_record(backend, name, versions)
+            root = worker_root(checkpoint, backend)
         finally:
             backend.close()
     fields = _RAW_TAIL if record is None else [*key_fields(record), *_TYPED_TAIL]
     schema = T.StructType([*_HEAD, *fields])
     spec = _ChangesSpec(
-        checkpoint=checkpoint,
+        checkpoint=root,
         operator=name,
         versions=versions,
         arrow_schema=_arrow_schema(spark, schema),

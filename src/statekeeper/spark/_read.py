@@ -45,7 +45,7 @@ from statekeeper.keyed import (
 )
 from statekeeper.keyed.output import rows_to_batch
 from statekeeper.reports import read_reports
-from statekeeper.spark._cache import worker_config
+from statekeeper.spark._cache import worker_config, worker_root
 from statekeeper.spark._listener import StateListener, state_listener
 from statekeeper.spark._transform import _arrow_schema
 from statekeeper.store import StateBackend, StateStore
@@ -220,12 +220,13 @@ def _plan(
         try:
             versions, grouped = versions_to_read(backend, name, version, listener)
             found = schema_record(backend, name, versions)
+            root = worker_root(checkpoint, backend)
         finally:
             backend.close()
     source, record = found
     schema = _RAW_SCHEMA if record is None else _typed_schema(record)
     spec = _ReadSpec(
-        checkpoint=checkpoint,
+        checkpoint=root,
         operator=name,
         versions=versions,
         typed=record is not None,
@@ -337,6 +338,14 @@ def _read_partition(spec: PartitionRead, partition: int) -> Iterator[Any]:
             spec.checkpoint, config=StoreConfig(local_dir=tmp), storage_options=options
         ) as backend,
     ):
+        # Opening a store of an operator the root lacks would register it (a writer's open):
+        # a root this executor cannot see as the driver did must fail, not get created.
+        if spec.operator not in backend.operators():
+            raise StateNotFoundError(
+                f"{spec.where(partition)}: the checkpoint root {backend.blobs.uri}, as this "
+                f"executor reads it, holds no operator {spec.operator!r}, which the driver "
+                "found there: is a local root on a disk every executor shares?"
+            )
         yield from _batches(spec.rows(backend, partition), spec.arrow_schema, spec.where(partition))
 
 

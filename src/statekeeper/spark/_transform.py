@@ -74,7 +74,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from statekeeper import layout
 from statekeeper.config import StoreConfig
 from statekeeper.keyed import StatefulProcessor, declared_ttls
-from statekeeper.spark._cache import StoreSpec
+from statekeeper.spark._cache import StoreSpec, worker_root
 from statekeeper.spark._initial import (
     STAGED_SCHEMA,
     check_initial,
@@ -425,8 +425,7 @@ def _prepare(
         metadata = backend.root_metadata()
     key_groups = None if metadata is None else metadata.key_groups.get(name)
     register_operator(spark, blobs, name, partitions)
-    # Workers must open the same root: a relative local path would resolve in their cwd.
-    root = checkpoint if "://" in checkpoint else blobs.uri
+    root = worker_root(checkpoint, backend)
     store = StoreSpec(
         root, name, partitions, config, StoreSpec.options(storage_options),
         float(lock_timeout_s), keep_open=_reuses_workers(spark),
