@@ -259,6 +259,13 @@ def test_damaged_newer_manifest_is_reported(tmp_path: Path) -> None:
     assert [p.kind for p in problems] == ["corrupt"], problems
     assert problems[0].blob == f"op/0/manifest/{newest.name}"
     assert "newer than the one readers use" in problems[0].message
+    # Version 25 was only in the damaged manifest: opening it names that manifest.
+    config = sk.StoreConfig(local_dir=str(tmp_path / "cold"))
+    cold = sk.StateBackend(str(tmp_path / "root"), config=config)
+    with pytest.raises(sk.StateNotFoundError, match="version 25") as info:
+        cold.open("op", 0, version=25)
+    assert f"newest manifest op/0/manifest/{newest.name} failed its checks" in str(info.value)
+    cold.close()
 
 
 def test_damaged_commit_metrics_of_a_manifest_store_are_reported_by_deep_verify(

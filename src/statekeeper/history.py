@@ -15,7 +15,7 @@ local working copy holding the same attempt — is at ``b <= v`` and the changel
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from statekeeper import layout
@@ -166,6 +166,9 @@ class StoreHistory:
     """Version -> snapshot index key, where it is not format 1's name."""
     attempts: dict[int, str] = field(default_factory=dict, compare=False)
     """Version -> the attempt whose content it is (format 1: :data:`LEGACY_ATTEMPT`)."""
+    skipped_manifests: tuple[str, ...] = field(default=(), compare=False)
+    """Newer manifests that failed their checks and were skipped (see
+    :func:`read_newest_manifest`): a version only they recorded is not restorable."""
 
     @classmethod
     def load(cls, blobs: BlobStore, operator: str, partition: int, *, root_id: str) -> StoreHistory:
@@ -176,11 +179,12 @@ class StoreHistory:
             CorruptStateError: the store has manifests and none is readable.
             StorageError: a listing or read failed.
         """
+        skipped: list[str] = []
         manifest = read_newest_manifest(
-            blobs, root_id=root_id, operator=operator, partition=partition
+            blobs, root_id=root_id, operator=operator, partition=partition, skipped=skipped
         )
         if manifest is not None:
-            return cls.from_manifest(manifest)
+            return cls.from_manifest(manifest, skipped=skipped)
         metas = [
             *blobs.list(layout.changelog_prefix(operator, partition)),
             *blobs.list(layout.snapshot_prefix(operator, partition)),
@@ -206,11 +210,13 @@ class StoreHistory:
         """
         keys = list(keys)
         if blobs is not None:
+            skipped: list[str] = []
             manifest = read_newest_manifest(
-                blobs, root_id=root_id, operator=operator, partition=partition, keys=keys
-            )
+                blobs, root_id=root_id, operator=operator, partition=partition, keys=keys,
+                skipped=skipped,
+            )  # fmt: skip
             if manifest is not None:
-                return cls.from_manifest(manifest)
+                return cls.from_manifest(manifest, skipped=skipped)
         changelogs: set[int] = set()
         snapshots: set[int] = set()
         for key in keys:
@@ -221,8 +227,9 @@ class StoreHistory:
         return cls(operator, partition, frozenset(changelogs), frozenset(snapshots))
 
     @classmethod
-    def from_manifest(cls, manifest: StoreManifest) -> StoreHistory:
-        """The history one manifest states."""
+    def from_manifest(cls, manifest: StoreManifest, *, skipped: Sequence[str] = ()) -> StoreHistory:
+        """The history one manifest states (``skipped``: the newer, damaged manifests
+        skipped to reach it)."""
         entries = manifest.versions
         snapshots = {s.version: s for s in manifest.snapshots}
         attempts = {e.version: e.attempt for e in entries}
@@ -237,6 +244,7 @@ class StoreHistory:
             keys={e.version: e.blob for e in entries if e.kind == "changelog"},
             index_keys={v: s.index_blob for v, s in snapshots.items()},
             attempts=attempts,
+            skipped_manifests=tuple(skipped),
         )
 
     def changelog_key(self, version: int) -> str:
@@ -409,6 +417,12 @@ class StoreHistory:
         was never committed."""
         committed = self.changelogs | self.snapshots
         if not committed or version > max(committed):
+            if self.skipped_manifests:
+                return (
+                    f"; the store's newest manifest {self.skipped_manifests[0]} failed its "
+                    "checks and was skipped: a version only it recorded cannot be restored "
+                    "(`statekeeper verify` names the damage)"
+                )
             return ""
         below = [b for b in self._bases() if b <= version]
         if not below:

@@ -522,14 +522,16 @@ def read_newest_manifest(
     operator: str,
     partition: int,
     keys: Sequence[str] | None = None,
+    skipped: list[str] | None = None,
 ) -> StoreManifest | None:
     """The newest readable manifest of a store; ``None`` if the store has none (a new store,
     or one written by format 1). ``keys``: the store's blob keys if already listed (any
     order; other keys are ignored), saving a listing.
 
-    A newest manifest that fails its checks is skipped with a WARNING naming it, and the one
-    before it is used: it describes a consistent, older state of the store (the damaged one
-    can only have added or replaced the newest version).
+    A newest manifest that fails its checks is skipped with a WARNING naming it (and its key
+    appended to ``skipped``), and the one before it is used: it describes a consistent,
+    older state of the store (the damaged one can only have added or replaced the newest
+    version).
 
     Raises:
         CorruptStateError: every manifest of the store fails its checks.
@@ -553,6 +555,8 @@ def read_newest_manifest(
         except (CorruptStateError, StateNotFoundError) as exc:
             _log.warning("skipping manifest %s: %s", key, exc)
             errors.append(str(exc))
+            if skipped is not None:
+                skipped.append(key)
             continue
         return manifest
     if errors:
