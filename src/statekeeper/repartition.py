@@ -74,6 +74,7 @@ from statekeeper.store import (
     RootMetadata,
     StateBackend,
     StoreRescale,
+    check_progress,
     checked_items,
     finish_pending_rescale,
     latest_versions,
@@ -190,8 +191,7 @@ def repartition(
         isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
     ):
         raise ValueError(f"workers must be an int >= 1 or None, got {workers!r}")
-    if progress is not None and not callable(progress):
-        raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
+    check_progress(progress)
     backend = root if isinstance(root, StateBackend) else StateBackend(
         root, config=config, storage_options=storage_options
     )  # fmt: skip

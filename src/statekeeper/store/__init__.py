@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from statekeeper.store._backend import StateBackend
 from statekeeper.store._export import ExportInfo
-from statekeeper.store._overlay import listed
+from statekeeper.store._overlay import check_progress, listed
 from statekeeper.store._rescale import (
     ParentCopy,
     StoreRescale,
@@ -31,6 +31,7 @@ __all__ = [
     "StoreChange",
     "StoreChanges",
     "StoreRescale",
+    "check_progress",
     "checked_items",
     "finish_pending_rescale",
     "latest_versions",

@@ -21,6 +21,7 @@ from statekeeper.history import StoreHistory
 from statekeeper.snapshot import SnapshotMetrics
 from statekeeper.storage import BlobStore, local_root, open_blob_store
 from statekeeper.store._export import ExportInfo, prepare_target, publish, staging_dir, write_db
+from statekeeper.store._overlay import check_progress
 from statekeeper.store._rescale import complete_rescale
 from statekeeper.store._restore import restore_copy
 from statekeeper.store._root import FORMAT_VERSION, Retention, RootMetadata, RootRegistry
@@ -340,7 +341,7 @@ class StateBackend:
             StateKeeperError: the backend is closed.
         """
         self._check_open()
-        _check_progress(progress)
+        check_progress(progress)
         meta = self._registry.read()
         report = verify_root(
             self._blobs, self._operators(), deep=deep, progress=progress,
@@ -450,7 +451,7 @@ class StateBackend:
             CorruptStateError, StorageError: as :meth:`open`.
         """
         self._existing(name, partition)
-        _check_progress(progress)
+        check_progress(progress)
         _refuse_inside_root(self._blobs.uri, os.fspath(to), "the export target")
         target = prepare_target(to)
         staging = staging_dir(target)
@@ -603,11 +604,6 @@ def _step_back_if_ahead(
     if current or held - 1 > wanted:
         return
     copy.step_back(version=held - 1, attempt=history.attempt(held - 1))
-
-
-def _check_progress(progress: object) -> None:
-    if progress is not None and not callable(progress):
-        raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
 
 
 def _out_of_range(name: str, partition: int, count: int) -> ConfigMismatchError:

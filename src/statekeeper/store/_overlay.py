@@ -120,6 +120,16 @@ def _split(items: Iterable[object], values: Iterable[object] | None) -> tuple[li
     return list(map(operator.itemgetter(0), pairs)), list(map(operator.itemgetter(1), pairs))
 
 
+def check_progress(progress: object) -> None:
+    """Refuse a ``progress`` argument that is neither ``None`` nor callable.
+
+    Raises:
+        TypeError: it is not.
+    """
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
+
+
 def listed(items: Iterable[Any], what: str, of: str = "bytes") -> list[Any]:
     """``items`` as a list.
 
