@@ -363,7 +363,10 @@ class StoreCache:
         while not stop.is_set():
             next_sweep = last_sweep + _SWEEP_EVERY_S - time.monotonic()
             woken = self._wake.wait(_JANITOR_POLL_S if folders else max(next_sweep, 0.0))
-            self._wake.clear()
+            if woken:
+                # Cleared only when seen set, and before this pass looks everywhere: a wake
+                # that comes later is seen next pass, none is lost in between.
+                self._wake.clear()
             if stop.is_set():
                 return
             now = time.monotonic()
