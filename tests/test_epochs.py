@@ -153,15 +153,33 @@ def _cut(backend: sk.StateBackend, only: list[int] | None = None) -> Cut:
 
 
 def test_the_consistent_cut_is_what_the_newest_manifest_names(tmp_path: Path) -> None:
-    backend = _committed(tmp_path, [6, 5])
+    backend = _committed(tmp_path, [5, 5])
     write_manifest(backend.blobs, _manifest(Q1, 3, "counts", 1))  # names version 4
     write_manifest(backend.blobs, _manifest(Q2, 9, "dedup", 2))  # another query's operator
     cut = _cut(backend)
-    assert cut.versions == {0: 4, 1: 4}  # not 5, the newest both partitions have
+    # Not 5, the newest both partitions have: micro-batch 4 may have failed after its
+    # commits (it runs again on restart).
+    assert cut.versions == {0: 4, 1: 4}
     assert cut.manifest is not None
     assert cut.manifest.query_id == Q1
     assert cut.describe() == f"epoch 3 of query {Q1}"
     assert _cut(backend, only=[1]).versions == {1: 4}
+
+
+def test_a_manifest_older_than_a_finished_micro_batch_is_not_the_cut(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A query run from a classic session (its listener wrote epoch 3) and then from Spark
+    Connect (no manifests): partition 0 at version 6 shows that micro-batch 4 finished, so
+    the manifest is stale. Readers and repartition once took it, and a rescale then started
+    the new stores at version 4 while the query needed 6: it failed for good."""
+    backend = _committed(tmp_path, [6, 5])
+    write_manifest(backend.blobs, _manifest(Q1, 3, "counts", 1))  # names version 4
+    with caplog.at_level("WARNING", logger="statekeeper.epochs"):
+        cut = _cut(backend)
+    assert (cut.versions, cut.manifest) == ({0: 5, 1: 5}, None)
+    assert "names version 4 of partition 0, which is at version 6" in caplog.text
+    assert "finished since, with no epoch manifest" in cut.describe()
 
 
 def test_without_a_usable_manifest_the_cut_is_the_newest_common_version(

@@ -18,6 +18,7 @@ import pytest
 
 import statekeeper as sk
 from statekeeper import layout
+from statekeeper.epochs import EpochManifest, StoreEntry, write_manifest
 from statekeeper.gc import collect_garbage
 from statekeeper.keyed._layout import (
     DATA,
@@ -36,6 +37,7 @@ from statekeeper.keyed._layout import (
 )
 from statekeeper.repartition import plan_parents, repartition
 from statekeeper.snapshot import SnapshotIndex, iter_files, referenced_blob_keys
+from statekeeper.storage import open_blob_store
 from statekeeper.store import DEFAULT_KEY_GROUPS, Rescale, _rescale
 from tests.blobstores import SimulatedCrash
 
@@ -447,3 +449,20 @@ def test_the_work_folder_a_killed_repartition_left_is_deleted_by_the_next_one(
         holder.communicate(b"", timeout=60)
     assert sorted(p.name for p in scratch.iterdir()) == [unlocked_new.name, running.name]
     check_layout(state_of(root, tmp_path, "after"), everything)
+
+
+def test_a_stale_epoch_manifest_does_not_set_the_version_new_stores_start_at(
+    tmp_path: Path,
+) -> None:
+    """The root's newest epoch manifest names version 1, written by a classic session's
+    listener; the query then ran on from Spark Connect (no manifests) to version 3. The
+    rescale must start the new stores at 3, where the restarted query goes on: at 1 it
+    failed for good, the state of the batches after 1 out of reach."""
+    root, everything = build_root(tmp_path, 2, batches=3)
+    entries = [StoreEntry(p, 1, f"{OP}/{p}/changelog/x", None, None) for p in (0, 1)]
+    query = "0b5c2f0e-1111-4c1e-9a52-0c6d7a1e0001"
+    stale = EpochManifest(0, query, "run", 1, {OP: 2}, {OP: entries})
+    assert write_manifest(open_blob_store(root), stale)
+    report = repartition(root, OP, partitions=3, config=config(tmp_path, "r"))
+    assert report.version == 3
+    check_layout(state_of(root, tmp_path, "read"), everything)

@@ -373,8 +373,10 @@ def consistent_cut(
 
     Where there is none (a root written without Spark's listener: by the store API, or from
     Spark Connect), or it records another partition count, or a version it names is no
-    longer restorable, the newest version every partition has is read instead, and why is
-    logged (INFO without manifests, WARNING otherwise).
+    longer restorable, or it is older than a micro-batch finished since (a partition two or
+    more versions past it: its query ran on without writing manifests), the newest version
+    every partition has is read instead, and why is logged (INFO without manifests,
+    WARNING otherwise).
 
     Args:
         blobs: the root's blob store.
@@ -392,7 +394,11 @@ def consistent_cut(
     manifest = latest_manifest(blobs, operator)
     named, reason = _named_versions(manifest, operator, partitions, wanted, history)
     if named is not None:
-        return Cut(named, manifest)
+        assert manifest is not None
+        reason = _stale(manifest, named, {p: _newest(history(p)) for p in wanted})
+        if not reason:
+            return Cut(named, manifest)
+        named = None
     _log.log(
         logging.INFO if manifest is None else logging.WARNING,
         "operator %r: reading the newest version every partition has: %s",
@@ -428,6 +434,26 @@ def _named_versions(
             return None, f"{which} names version {named[p]} of partition {p}: {exc}"
         versions[p] = named[p]
     return versions, ""
+
+
+def _stale(manifest: EpochManifest, named: dict[int, int], newest: dict[int, int]) -> str:
+    """Why ``manifest`` is older than a micro-batch finished since, or ``""``.
+
+    Spark runs micro-batch ``b`` only once ``b - 1`` finished, so a partition at version
+    ``v`` (committed by batch ``v - 1``) shows that batch ``v - 2`` finished: a manifest
+    naming a version below ``v - 1`` missed the epochs since (written from Spark Connect,
+    whose sessions have no listener, or while no listener ran). One version beyond it is
+    no such sign: that batch may have failed after the commit, and will run again.
+    """
+    for p, version in sorted(newest.items()):
+        if version - 1 > named[p]:
+            return (
+                f"epoch manifest {manifest.epoch} of query {manifest.query_id} names version "
+                f"{named[p]} of partition {p}, which is at version {version}: the micro-batch "
+                f"that committed version {version - 1} finished since, with no epoch manifest "
+                "(a run from Spark Connect, or without the listener)"
+            )
+    return ""
 
 
 def _newest(history: StoreHistory) -> int:

@@ -6,7 +6,8 @@ key group, and partition ``p`` of ``P`` owns the contiguous key groups ``g`` wit
 key-group ranges, never re-encoding a key:
 
 1. **The cut.** The operator's consistent cut (:func:`statekeeper.epochs.consistent_cut`: the
-   versions the newest epoch manifest names, else the newest version every partition has);
+   versions the newest epoch manifest names, unless batches finished since outran it, else the
+   newest version every partition has);
    every partition must be at one version ``v``, which every new store starts at, so a query
    restarted with ``partitions=N`` loads ``v`` in its next micro-batch and continues.
 2. **Parents.** Every old store is restored at ``v`` into a work folder (in parallel).

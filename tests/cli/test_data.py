@@ -61,16 +61,22 @@ def _epoch(root: Built, epoch: int, versions: list[int], created: int) -> None:
 def test_inspect_and_restore_default_to_the_version_the_newest_epoch_manifest_names(
     local: Built, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Partition 0 is at version 7, but the last micro-batch a query finished left it at 5:
-    that is what read_state reads, and what inspect and restore show by default."""
+    """Partition 0 is at version 7, but the last micro-batch a query finished left it at 6
+    (the one that committed 7 may have failed after it): that is what read_state reads, and
+    what inspect and restore show by default."""
+    # A manifest two versions behind is stale: version 7 shows micro-batch 5 finished.
     _epoch(local, 4, [5, 1], 1)
+    with caplog.at_level("WARNING", logger="statekeeper.epochs"):
+        assert _inspect(local, "counts", "-p", "0")["version"] == 7
+    assert "names version 5 of partition 0, which is at version 7" in caplog.text
+    _epoch(local, 5, [6, 1], 1)
     doc = _inspect(local, "counts", "-p", "0", "--limit", "0")
-    assert doc["version"] == 5
-    assert _raw(doc) == local.states[("counts", 0)][5]
+    assert doc["version"] == 6
+    assert _raw(doc) == local.states[("counts", 0)][6]
     result = run("restore", local.uri, "counts", "-p", "0", "--to", str(tmp_path / "db"), "--json")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["version"] == 5
-    assert _opened(tmp_path / "db") == local.states[("counts", 0)][5]
+    assert json.loads(result.stdout)["version"] == 6
+    assert _opened(tmp_path / "db") == local.states[("counts", 0)][6]
     assert _inspect(local, "counts", "-p", "0", "--version", "7")["version"] == 7
     # A newer manifest naming a version that is not restorable: the newest, and why.
     _epoch(local, 98, [99, 1], 2)
