@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -429,3 +430,51 @@ def test_working_copies_or_an_export_inside_a_local_root_are_refused(tmp_path: P
             backend.export("ops", 0, root / "ops" / "exported")
         assert not (root / "ops" / "exported").exists()
         backend.export("ops", 0, tmp_path / "exported")
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_scans_see_own_writes_in_key_order_through_any_mix_of_writes(
+    tmp_path: Path, seed: int
+) -> None:
+    """Scans keep the uncommitted writes' keys sorted as they come (one at a time, or many
+    at once from put_many), and drop them at commit and abort: every scan equals a model."""
+    rng = random.Random(seed)
+
+    def key(longest: int) -> bytes:
+        return bytes(rng.randint(0, 3) for _ in range(rng.randint(1, longest)))
+
+    config = sk.StoreConfig(local_dir=str(tmp_path / "local"))
+    backend = sk.StateBackend(str(tmp_path / "root"), config=config)
+    model: dict[bytes, bytes] = {}
+    committed: dict[bytes, bytes] = {}
+    with backend.open("op", 0) as store:
+        for _ in range(250):
+            r = rng.random()
+            if r < 0.45:
+                k, v = key(4), bytes([rng.randint(0, 255)])
+                store.put(k, v)
+                model[k] = v
+            elif r < 0.6:
+                k = key(4)
+                store.delete(k)
+                model.pop(k, None)
+            elif r < 0.65:  # sometimes more keys than are sorted in one by one
+                many = [key(3) for _ in range(rng.randint(0, 150))]
+                store.put_many([(k, b"m") for k in many])
+                model.update(dict.fromkeys(many, b"m"))
+            elif r < 0.7:
+                store.commit()
+                committed = dict(model)
+            elif r < 0.72:
+                store.abort()
+                model = dict(committed)
+            else:
+                prefix = key(2)[: rng.randint(0, 2)]
+                start = None if rng.random() < 0.5 else key(3)
+                expected = sorted(
+                    (k, v)
+                    for k, v in model.items()
+                    if k.startswith(prefix) and (start is None or k >= start)
+                )
+                assert list(store.scan(prefix, start=start)) == expected
+    backend.close()

@@ -8,6 +8,7 @@ vectorized function's writes cost what the dictionary costs.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import operator
 from collections.abc import Iterable, Iterator
@@ -160,6 +161,50 @@ def sorted_columns(pending: dict[bytes, bytes | None]) -> Columns:
         return Columns.trusted(keys, list(pending.values()))
     keys.sort()
     return Columns.trusted(keys, list(map(pending.__getitem__, keys)))
+
+
+_RESORT_AT = 64
+"""Keys added since the last scan beyond which they are sorted in at once, not one by one."""
+
+
+class SortedPending:
+    """The keys of a store's uncommitted writes in key order, for scans that see own writes.
+
+    A keyed processor scans its key's list, map or timer entries after writing others: a
+    scan that passed over every uncommitted write made a micro-batch's time grow with the
+    square of its keys (40,000 keys: 245 s). Keys only join the writes dict (until it is
+    replaced at commit or abort), in insertion order, so those added since the last scan are
+    its last ones: a few are inserted one by one (a binary search each), many sorted in at
+    once; a scan then cuts its range out by binary search.
+    """
+
+    def __init__(self) -> None:
+        self._of: dict[bytes, bytes | None] | None = None
+        self._keys: list[bytes] = []
+
+    def items(
+        self, pending: dict[bytes, bytes | None], prefix: bytes, start: bytes | None
+    ) -> list[tuple[bytes, bytes | None]]:
+        """The items of ``pending`` whose key starts with ``prefix`` (and is at or above
+        ``start``), sorted by key."""
+        keys = self._keys
+        if pending is not self._of:
+            self._of, keys[:] = pending, []
+        added = len(pending) - len(keys)
+        if added > _RESORT_AT:
+            keys.extend(itertools.islice(reversed(pending), added))
+            keys.sort()
+        elif added:
+            for key in itertools.islice(reversed(pending), added):
+                bisect.insort(keys, key)
+        at = bisect.bisect_left(keys, prefix if start is None else max(prefix, start))
+        found: list[tuple[bytes, bytes | None]] = []
+        for i in range(at, len(keys)):  # (islice would step over the first ``at`` keys)
+            key = keys[i]
+            if not key.startswith(prefix):
+                break
+            found.append((key, pending[key]))
+        return found
 
 
 def merge(

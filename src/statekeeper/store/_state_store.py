@@ -33,7 +33,15 @@ from statekeeper.metrics import CommitMetrics, from_commit
 from statekeeper.snapshot import SnapshotMetrics
 from statekeeper.storage import BlobStore, put_stream
 from statekeeper.store._commit_point import CommitPoint, check_order, check_owner
-from statekeeper.store._overlay import as_columns, as_key, as_keys, as_value, merge, sorted_columns
+from statekeeper.store._overlay import (
+    SortedPending,
+    as_columns,
+    as_key,
+    as_keys,
+    as_value,
+    merge,
+    sorted_columns,
+)
 from statekeeper.store._snapshots import SnapshotJob, Snapshotter, write_metrics_quietly
 from statekeeper.store._working_copy import DamagedCopyError, WorkingCopy
 
@@ -135,6 +143,7 @@ class StateStore:
         self._root_id = root_id
         self._version = restore_info.version
         self._pending: dict[bytes, bytes | None] = {}
+        self._sorted = SortedPending()
         self._state = _State.OPEN
         self._snapshotter = snapshotter
         self._point = CommitPoint(
@@ -245,11 +254,7 @@ class StateStore:
         prefix = bytes(prefix)
         start = None if start is None else bytes(start)
         self._settle()
-        overlay = sorted(
-            (k, v)
-            for k, v in self._pending.items()
-            if k.startswith(prefix) and (start is None or k >= start)
-        )
+        overlay = self._sorted.items(self._pending, prefix, start)
         return merge(self._scan_committed(prefix, start), overlay)
 
     def _read(self, read: Callable[[WorkingCopy], _T]) -> _T:
