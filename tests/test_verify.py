@@ -303,6 +303,12 @@ def test_a_changelog_of_several_parts_verifies_and_a_damaged_part_is_named(
     for deep in (False, True):
         report = backend.verify(deep=deep)
         assert report.ok, report.problems
+    assert backend.verify(deep=True).bytes_checked >= len(data)  # every part, read in turn
+    # Bytes after the last part: the deep check, reading a part at a time, sees them too.
+    path.write_bytes(data + b"extra")
+    for deep in (False, True):
+        problems = backend.verify(deep=deep).problems
+        assert [(p.kind, p.blob) for p in problems][:1] == [("corrupt", key)], (deep, problems)
     # The last part cut off: the part headers announce more bytes than the blob holds.
     path.write_bytes(data[: data.rindex(b"SKCL")])
     problems = backend.verify(deep=False).problems

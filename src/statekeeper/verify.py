@@ -30,8 +30,8 @@ from statekeeper import layout
 from statekeeper.changelog import (
     ChangelogIdentity,
     check_identity,
-    decode_changelog,
     part_headers,
+    read_changelog,
 )
 from statekeeper.errors import CorruptStateError, StateKeeperError, StateNotFoundError
 from statekeeper.history import StoreHistory, ranges
@@ -341,12 +341,21 @@ class _StoreCheck:
                 raise StateNotFoundError(f"changelog {key} is missing")
             expected = (version, identity)
             legacy = attempt == LEGACY_ATTEMPT
-            if self.deep:
-                data = self.blobs.get(key)
-                decode_changelog(data, blob=key, expected=expected, anonymous_ok=legacy)
-                self.report.bytes_checked += len(data)
+            end = 0
+            if self.deep:  # a part at a time: memory is one part's, not the whole blob's
+                for part in read_changelog(
+                    lambda start, length: self.blobs.get_range(key, start, length),
+                    blob=key, expected=expected, anonymous_ok=legacy,
+                ):  # fmt: skip
+                    end = part.offset + part.length
+                    self.report.bytes_checked += part.length
+                if end != self.metas[key].size:
+                    raise CorruptStateError(
+                        f"changelog {key} is not valid: its parts end at byte {end:,}, the "
+                        f"blob holds {self.metas[key].size:,}"
+                    )
                 return True
-            end = 0  # a changelog of several parts: each part's header is checked
+            # a changelog of several parts: each part's header is checked
             for start, header in part_headers(
                 lambda start, length: self.blobs.get_range(key, start, length), blob=key
             ):
