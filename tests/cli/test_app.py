@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from statekeeper.cli import main
+from statekeeper.cli._app import Env
 from tests.cli.conftest import Built, build_root, one_error_line, run
 
 COMMANDS = ("gc", "info", "inspect", "restore", "stats", "verify", "versions")
@@ -195,3 +197,23 @@ def test_credentials_never_appear_in_output(
             result = run(args[0], built.uri, *built.opts, *args[1:], "--verbose", *extra)
             assert secret not in result.output, args
             assert secret not in result.stderr, args
+
+
+def test_a_streamed_json_list_is_written_while_it_is_produced(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """What inspect --limit 0 relies on: items are written as they come (a chunk at a time),
+    never held whole, and the output is exactly one json.dumps document."""
+    seen: list[str] = []
+
+    def items() -> Iterator[dict[str, int]]:
+        for i in range(2500):
+            if i == 1500:
+                seen.append(capsys.readouterr().out)  # what was written by then
+            yield {"i": i}
+
+    Env(json=True).emit_json_stream({"root": "r"}, "items", items(), lambda: {"truncated": False})
+    rest = capsys.readouterr().out
+    assert seen[0].count('"i"') == 1000  # the first chunk was out before item 1500 was made
+    doc = {"root": "r", "items": [{"i": i} for i in range(2500)], "truncated": False}
+    assert seen[0] + rest == json.dumps(doc, indent=2) + "\n"

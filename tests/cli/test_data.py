@@ -369,3 +369,29 @@ def test_inspect_lists_the_timers_of_a_keyed_store(tmp_path: Path) -> None:
     refused = run("inspect", uri, "plain", "-p", "0", "--timers")
     assert refused.exit_code == 2
     assert "holds no operator record" in one_error_line(refused)
+
+
+def test_inspect_streams_a_long_listing_as_the_same_json_and_in_tables(tmp_path: Path) -> None:
+    """``inspect --limit 0`` of a store of millions of keys held every item, decoded, and
+    the whole document (17.6 GB at 5M keys): items are now written as they are scanned.
+    The JSON is what one document would give; text comes as tables of 1,000 rows."""
+    root = str(tmp_path / "root")
+    config = sk.StoreConfig(local_dir=str(tmp_path / "w"))
+    with sk.StateBackend(root, config=config) as backend, backend.open("big", 0) as store:
+        store.put_many([(b"k%05d" % i, b"v%d" % i) for i in range(2500)])
+        store.commit()
+    result = run("inspect", root, "big", "-p", "0", "--json", "--limit", "0")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [i["key"] for i in doc["items"]] == [f"k{i:05d}" for i in range(2500)]
+    assert doc["truncated"] is False
+    # Byte for byte what json.dumps of the whole document gives (items before truncated).
+    assert result.stdout == json.dumps(doc, indent=2) + "\n"
+    limited = json.loads(run("inspect", root, "big", "-p", "0", "--json", "--limit", "3").stdout)
+    assert (len(limited["items"]), limited["truncated"]) == (3, True)
+    empty = run("inspect", root, "big", "-p", "0", "--json", "--prefix", "nope")
+    assert json.loads(empty.stdout)["items"] == []
+    text = run("inspect", root, "big", "-p", "0", "--limit", "0").stdout
+    assert "2500 items" in text
+    assert text.count("k02499") == 1
+    assert "more items follow" not in text

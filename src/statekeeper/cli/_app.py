@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
@@ -91,6 +91,34 @@ class Env:
     def emit_json(self, document: object) -> None:
         """Print ``document`` as indented JSON on stdout."""
         click.echo(json.dumps(document, indent=2, default=str))
+
+    def emit_json_stream(
+        self,
+        head: dict[str, Any],
+        name: str,
+        items: Iterable[object],
+        tail: Callable[[], dict[str, Any]],
+    ) -> None:
+        """Print ``head`` plus ``name``: a list of ``items`` plus ``tail()`` as one indented
+        JSON object, as :meth:`emit_json` would, writing each item as it comes: the whole
+        list is never held (``inspect --limit 0`` of a store of millions of keys)."""
+        opening = json.dumps(head, indent=2, default=str)
+        click.echo(opening[: -len("\n}")] + ",\n" if head else "{\n", nl=False)
+        click.echo(f"  {json.dumps(name)}: [", nl=False)
+        count = 0
+        chunk: list[str] = []
+        for item in items:
+            text = json.dumps(item, indent=2, default=str).replace("\n", "\n    ")
+            chunk.append(("," if count else "") + "\n    " + text)
+            count += 1
+            if len(chunk) == 1000:  # a write per item would double the time
+                click.echo("".join(chunk), nl=False)
+                chunk.clear()
+        click.echo("".join(chunk) + ("\n  ]" if count else "]"), nl=False)
+        for key, value in tail().items():
+            text = json.dumps(value, indent=2, default=str).replace("\n", "\n  ")
+            click.echo(f",\n  {json.dumps(key)}: {text}", nl=False)
+        click.echo("\n}")
 
     def enable_verbose(self, ctx: click.Context) -> None:
         """Send statekeeper's INFO logs to stderr until the invocation ends."""

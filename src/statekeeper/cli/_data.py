@@ -170,26 +170,36 @@ def inspect(
     if show_timers:
         _inspect_timers(env, store, opened.uri, limit)
         return
-    with store:
-        record = read_operator_record(store)
-        scan = store.scan(prefix)
-        # One item more than shown tells whether anything was left out.
-        found = list(itertools.islice(scan, limit + 1 if limit else None))
-    shown = found[:limit] if limit else found
-    decoder = None if record is None else StateDecoder(record, allow_pickle=allow_pickle)
-    doc = {
+    head = {
         "root": opened.uri,
         "operator": operator,
         "partition": partition,
         "version": wanted,
         "prefix_hex": prefix.hex(),
-        "truncated": len(found) > len(shown),
-        "items": [_item(key, value, decoder) for key, value in shown],
     }
-    if env.json:
-        env.emit_json(doc)
-    else:
-        _print_items(env.console, doc)
+    truncated = False
+
+    def items() -> Iterator[dict[str, Any]]:
+        """The items, decoded as they are scanned: a store of millions of keys is never
+        held whole (``--limit 0``)."""
+        nonlocal truncated
+        for count, (key, value) in enumerate(store.scan(prefix)):
+            if limit and count == limit:
+                truncated = True  # one item more than shown: something was left out
+                return
+            yield _item(key, value, decoder)
+
+    with store:
+        record = read_operator_record(store)
+        decoder = None if record is None else StateDecoder(record, allow_pickle=allow_pickle)
+        if env.json:
+            env.emit_json_stream(head, "items", items(), lambda: {"truncated": truncated})
+            return
+        shown = _print_items(env.console, head, items())
+    if truncated:
+        env.console.print("more items follow: raise --limit (0 shows all)")
+    elif not shown:
+        env.console.print("no items")
 
 
 def _inspect_timers(env: Env, store: StateStore, uri: str, limit: int) -> None:
@@ -229,17 +239,25 @@ def _inspect_timers(env: Env, store: StateStore, uri: str, limit: int) -> None:
         env.console.print("more timers follow: raise --limit (0 shows all)")
 
 
-def _print_items(console: Console, doc: dict[str, Any]) -> None:
-    table = Table("key", "value", show_lines=False)
-    for column in table.columns:
-        column.overflow = "fold"
-    for item in doc["items"]:
-        table.add_row(shown_key(item), shown(item["value"], item["value_format"]))
-    where = f"{doc['operator']}/{doc['partition']} at version {doc['version']}"
-    console.print(Text(f"{where}: {len(doc['items'])} items"))
-    console.print(table)
-    if doc["truncated"]:
-        console.print("more items follow: raise --limit (0 shows all)")
+_TABLE_ROWS = 1000
+"""Items per printed table: a long listing is printed as it is read, never held whole."""
+
+
+def _print_items(console: Console, head: dict[str, Any], items: Iterator[dict[str, Any]]) -> int:
+    """Print ``items`` as tables of at most ``_TABLE_ROWS`` rows; returns how many."""
+    where = f"{head['operator']}/{head['partition']} at version {head['version']}"
+    console.print(Text(f"{where}:"))
+    count = 0
+    while chunk := list(itertools.islice(items, _TABLE_ROWS)):
+        table = Table("key", "value", show_lines=False, show_header=not count)
+        for column in table.columns:
+            column.overflow = "fold"
+        for item in chunk:
+            table.add_row(shown_key(item), shown(item["value"], item["value_format"]))
+        console.print(table)
+        count += len(chunk)
+    console.print(Text(f"{count} items"))
+    return count
 
 
 @cli.command()
