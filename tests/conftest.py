@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import settings
@@ -37,29 +37,22 @@ class S3Server:
 
     def create_bucket(self, name: str) -> None:
         """Create bucket ``name`` (explicit endpoint and credentials: nothing from the env)."""
-        import boto3
-
-        client = boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id=S3_ACCESS_KEY,
-            aws_secret_access_key=S3_SECRET_KEY,
-            region_name=S3_REGION,
-        )
-        client.create_bucket(Bucket=name)
+        self._client().create_bucket(Bucket=name)
 
     def put_object(self, bucket: str, key: str, data: bytes) -> None:
         """Put an object as another tool would (statekeeper's key rules do not apply)."""
+        self._client().put_object(Bucket=bucket, Key=key, Body=data)
+
+    def _client(self) -> Any:
         import boto3
 
-        client = boto3.client(
+        return boto3.client(
             "s3",
             endpoint_url=self.endpoint,
             aws_access_key_id=S3_ACCESS_KEY,
             aws_secret_access_key=S3_SECRET_KEY,
             region_name=S3_REGION,
         )
-        client.put_object(Bucket=bucket, Key=key, Body=data)
 
 
 @pytest.fixture(scope="session")

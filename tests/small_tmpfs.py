@@ -10,12 +10,25 @@ one ``RESULT <json>`` line.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+
+def fill(path: str) -> int:
+    """Write random bytes to a new file at ``path`` until the file system is full; returns
+    the error number that stopped it (``ENOSPC``, 28)."""
+    with open(path, "wb") as fh:
+        try:
+            while True:
+                fh.write(os.urandom(1 << 16))
+                fh.flush()
+        except OSError as exc:
+            return exc.errno or 0
 
 
 def run_on_small_tmpfs(script: str, root: Path, local: Path) -> dict[str, object]:

@@ -573,6 +573,7 @@ import json, os, sys
 sys.path.insert(0, sys.argv[3])
 from statekeeper import StoreConfig
 from statekeeper.spark._cache import StoreCache, StoreSpec
+from tests.small_tmpfs import fill
 
 root, local = sys.argv[1], sys.argv[2]
 config = StoreConfig(
@@ -589,13 +590,7 @@ cache.release(lease, ok=True)
 lease = cache.acquire(spec, 0, 1)
 out["first_reused"] = lease.reused
 filler = os.path.join(local, "filler")
-with open(filler, "wb") as fh:
-    try:
-        while True:
-            fh.write(os.urandom(1 << 16))
-            fh.flush()
-    except OSError as exc:
-        out["filled"] = exc.errno
+out["filled"] = fill(filler)
 for i in range(64):
     lease.store.put(b"big%02d" % i, os.urandom(16 << 10))
 out["committed"] = lease.store.commit().version  # durable; the local write fails behind it

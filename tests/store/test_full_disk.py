@@ -22,6 +22,7 @@ import json, os, sys
 sys.path.insert(0, sys.argv[3])
 import statekeeper as sk
 from statekeeper.storage import LocalBlobStore
+from tests.small_tmpfs import fill
 
 root, local = sys.argv[1], sys.argv[2]
 config = sk.StoreConfig(
@@ -35,13 +36,7 @@ with backend.open("op", 0) as store:
     store.commit()
 store = backend.open("op", 0)
 filler = os.path.join(local, "filler")
-with open(filler, "wb") as fh:
-    try:
-        while True:
-            fh.write(os.urandom(1 << 16))
-            fh.flush()
-    except OSError as exc:
-        out["filled"] = exc.errno
+out["filled"] = fill(filler)
 for i in range(64):
     store.put(b"big%02d" % i, os.urandom(16 << 10))
 try:
