@@ -175,21 +175,24 @@ class SortedPending:
     square of its keys (40,000 keys: 245 s). Keys only join the writes dict (until it is
     replaced at commit or abort), in insertion order, so those added since the last scan are
     its last ones: a few are inserted one by one (a binary search each), many sorted in at
-    once; a scan then cuts its range out by binary search.
+    once; a scan then cuts its range out by binary search. The owner calls :meth:`clear`
+    whenever it drops its writes (holding on to the old dict would keep them alive).
     """
 
     def __init__(self) -> None:
-        self._of: dict[bytes, bytes | None] | None = None
         self._keys: list[bytes] = []
+
+    def clear(self) -> None:
+        """Forget every key: the writes were dropped (committed or aborted)."""
+        self._keys = []
 
     def items(
         self, pending: dict[bytes, bytes | None], prefix: bytes, start: bytes | None
     ) -> list[tuple[bytes, bytes | None]]:
-        """The items of ``pending`` whose key starts with ``prefix`` (and is at or above
-        ``start``), sorted by key."""
+        """The items of ``pending`` (the dict whose keys this tracks since the last
+        :meth:`clear`) whose key starts with ``prefix`` (and is at or above ``start``),
+        sorted by key."""
         keys = self._keys
-        if pending is not self._of:
-            self._of, keys[:] = pending, []
         added = len(pending) - len(keys)
         if added > _RESORT_AT:
             keys.extend(itertools.islice(reversed(pending), added))

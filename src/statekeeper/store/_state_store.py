@@ -460,6 +460,7 @@ class StateStore:
             ) from exc
         self._version += 1
         self._pending = {}
+        self._sorted.clear()
         self._attempt = None
         scheduled = self._maybe_schedule_snapshot()
         deletes = columns.deletes
@@ -713,6 +714,7 @@ class StateStore:
         if self._state is _State.CLOSED:
             raise StateKeeperError(f"{self!r} is closed")
         self._pending = {}
+        self._sorted.clear()
         self._attempt = None
 
     def close(self) -> None:
@@ -720,6 +722,7 @@ class StateStore:
         if self._state is _State.CLOSED:
             return
         self._pending = {}
+        self._sorted.clear()
         self._state = _State.CLOSED
         self._write_metrics()
         if self._job is not None:
