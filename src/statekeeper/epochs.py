@@ -22,6 +22,7 @@ Document (``formatVersion`` 2 adds ``crc32c``, of the canonical JSON without it)
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -391,6 +392,7 @@ def consistent_cut(
         CorruptStateError: no manifest of some store is readable.
     """
     wanted = list(range(partitions)) if only is None else sorted(set(only))
+    history = functools.cache(history)  # each partition's is read once, whoever asks
     manifest = latest_manifest(blobs, operator)
     named, reason = _named_versions(manifest, operator, partitions, wanted, history)
     if named is not None:
