@@ -195,11 +195,9 @@ def inspect(
         if env.json:
             env.emit_json_stream(head, "items", items(), lambda: {"truncated": truncated})
             return
-        shown = _print_items(env.console, head, items())
+        _print_items(env.console, head, items())
     if truncated:
         env.console.print("more items follow: raise --limit (0 shows all)")
-    elif not shown:
-        env.console.print("no items")
 
 
 def _inspect_timers(env: Env, store: StateStore, uri: str, limit: int) -> None:
