@@ -315,24 +315,18 @@ def _encode_coerced(value: Any, out: bytearray, depth: int) -> None:
         _encode(str(value), out, depth)
     elif isinstance(value, list | tuple | dict):
         _encode_container(value, out, depth)
-    elif (
-        type(value).__module__ == "numpy"
-        and hasattr(value, "item")
-        and getattr(value, "shape", None) == ()  # a scalar, never an array (even of one)
-        and type(value).__name__ != "ndarray"
-        and depth < _MAX_DEPTH
-    ):
-        item = value.item()
-        kind = getattr(getattr(value, "dtype", None), "kind", "")
-        if isinstance(item, int) and kind in ("m", "M"):  # a time finer than µs: item() is int
-            item = value.astype(f"{kind}8[us]").item()
-        _encode(item, out, depth + 1)
     elif type(value).__name__ == "ndarray":
         raise TypeError(
             f"the default state codec cannot store a numpy array (shape {value.shape}), even "
             "of one element: store array.tolist() (a list) or array.item() (its one value), "
             "or declare the state with codec=PickleCodec()"
         )
+    elif type(value).__module__ == "numpy" and hasattr(value, "item") and depth < _MAX_DEPTH:
+        item = value.item()
+        kind = getattr(getattr(value, "dtype", None), "kind", "")
+        if isinstance(item, int) and kind in ("m", "M"):  # a time finer than µs: item() is int
+            item = value.astype(f"{kind}8[us]").item()
+        _encode(item, out, depth + 1)
     else:
         raise TypeError(
             f"the default state codec cannot store a {type(value).__name__}: use None, bool, "
