@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -202,7 +203,7 @@ def test_credentials_never_appear_in_output(
 def test_a_streamed_json_list_is_written_while_it_is_produced(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """What inspect --limit 0 relies on: items are written as they come (a chunk at a time),
+    """What inspect and diff --limit 0 rely on: items are written as they come (a chunk at a time),
     never held whole, and the output is exactly one json.dumps document."""
     seen: list[str] = []
 
@@ -212,8 +213,20 @@ def test_a_streamed_json_list_is_written_while_it_is_produced(
                 seen.append(capsys.readouterr().out)  # what was written by then
             yield {"i": i}
 
-    Env(json=True).emit_json_stream({"root": "r"}, "items", items(), lambda: {"truncated": False})
+    def parts() -> Iterator[dict[str, Any]]:
+        yield {"partition": 0, "items": items(), "more": lambda: len(seen)}
+        yield {"partition": 1, "items": iter([]), "nested": {"at": {"end": lambda: "x"}}}
+
+    Env(json=True).emit_json({"root": "r", "parts": parts(), "empty": {}, "n": {1: None}})
     rest = capsys.readouterr().out
     assert seen[0].count('"i"') == 1000  # the first chunk was out before item 1500 was made
-    doc = {"root": "r", "items": [{"i": i} for i in range(2500)], "truncated": False}
+    doc = {
+        "root": "r",
+        "parts": [
+            {"partition": 0, "items": [{"i": i} for i in range(2500)], "more": 1},
+            {"partition": 1, "items": [], "nested": {"at": {"end": "x"}}},
+        ],
+        "empty": {},
+        "n": {1: None},
+    }
     assert seen[0] + rest == json.dumps(doc, indent=2) + "\n"

@@ -357,8 +357,11 @@ def test_inspect_lists_the_timers_of_a_keyed_store(tmp_path: Path) -> None:
         (["bob"], 61_000),
         (["ann"], 65_000),
     ]
-    assert doc["version"] == 2
-    table = run("inspect", uri, "tester", "-p", "0", "--timers", "--limit", "1").stdout
+    assert (doc["version"], doc["truncated"]) == (2, False)
+    args = ("inspect", uri, "tester", "-p", "0", "--timers", "--limit", "1")
+    one = json.loads(run(*args, "--json").stdout)
+    assert ([t["key"] for t in one["timers"]], one["truncated"]) == ([["bob"]], True)
+    table = run(*args).stdout
     assert '["bob"]' in table
     assert "1970-01-01T00:01:01+00:00" in table
     assert "more timers follow" in table

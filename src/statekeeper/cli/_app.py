@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
@@ -89,36 +89,14 @@ class Env:
         return not self.json and self.console.is_terminal
 
     def emit_json(self, document: object) -> None:
-        """Print ``document`` as indented JSON on stdout."""
-        click.echo(json.dumps(document, indent=2, default=str))
-
-    def emit_json_stream(
-        self,
-        head: dict[str, Any],
-        name: str,
-        items: Iterable[object],
-        tail: Callable[[], dict[str, Any]],
-    ) -> None:
-        """Print ``head`` plus ``name``: a list of ``items`` plus ``tail()`` as one indented
-        JSON object, as :meth:`emit_json` would, writing each item as it comes: the whole
-        list is never held (``inspect --limit 0`` of a store of millions of keys)."""
-        opening = json.dumps(head, indent=2, default=str)
-        click.echo(opening[: -len("\n}")] + ",\n" if head else "{\n", nl=False)
-        click.echo(f"  {json.dumps(name)}: [", nl=False)
-        count = 0
-        chunk: list[str] = []
-        for item in items:
-            text = json.dumps(item, indent=2, default=str).replace("\n", "\n    ")
-            chunk.append(("," if count else "") + "\n    " + text)
-            count += 1
-            if len(chunk) == 1000:  # a write per item would double the time
-                click.echo("".join(chunk), nl=False)
-                chunk.clear()
-        click.echo("".join(chunk) + ("\n  ]" if count else "]"), nl=False)
-        for key, value in tail().items():
-            text = json.dumps(value, indent=2, default=str).replace("\n", "\n  ")
-            click.echo(f",\n  {json.dumps(key)}: {text}", nl=False)
-        click.echo("\n}")
+        """Print ``document`` on stdout exactly as ``json.dumps(document, indent=2)`` would,
+        writing as it goes: a list given as an iterator is written a chunk of items at a
+        time and never held whole (``inspect``/``diff --limit 0`` of millions of keys), and
+        a value given as a function is computed when its turn comes (a flag that the items
+        before it decide)."""
+        writer = _JsonWriter()
+        writer.write(document, "")
+        writer.flush("\n")
 
     def enable_verbose(self, ctx: click.Context) -> None:
         """Send statekeeper's INFO logs to stderr until the invocation ends."""
@@ -247,3 +225,67 @@ def cli() -> None:
 
     Exit codes: 0 ok, 1 problems found or the operation failed, 2 usage error.
     """
+
+
+class _JsonWriter:
+    """The pieces of an indented JSON document, written to stdout every
+    :data:`_FLUSH_ITEMS` items of a streamed list (a write per item would double the time)."""
+
+    def __init__(self) -> None:
+        self._pieces: list[str] = []
+
+    def flush(self, end: str = "") -> None:
+        click.echo("".join(self._pieces) + end, nl=False)
+        self._pieces.clear()
+
+    def write(self, value: object, pad: str) -> None:
+        if callable(value):
+            value = value()
+        if not _lazy(value):  # all there: one encoder call
+            text = _ENCODER.encode(value)
+            self._pieces.append(text.replace("\n", "\n" + pad) if pad else text)
+        elif isinstance(value, dict):
+            self._dict(value, pad)
+        elif isinstance(value, Iterator | list | tuple):
+            self._list(iter(value), pad)
+        else:
+            raise TypeError(f"cannot write a {type(value).__name__} as JSON")
+
+    def _dict(self, value: dict[Any, Any], pad: str) -> None:
+        inner = pad + "  "
+        for i, (key, item) in enumerate(value.items()):
+            name = key if isinstance(key, str) else json.dumps(key)
+            self._pieces.append(("{" if i == 0 else ",") + f"\n{inner}{json.dumps(name)}: ")
+            self.write(item, inner)
+        self._pieces.append(f"\n{pad}}}")
+
+    def _list(self, items: Iterator[object], pad: str) -> None:
+        inner = pad + "  "
+        count = 0
+        for item in items:
+            self._pieces.append(("[" if count == 0 else ",") + f"\n{inner}")
+            self.write(item, inner)
+            count += 1
+            if count % _FLUSH_ITEMS == 0:
+                self.flush()
+        self._pieces.append(f"\n{pad}]" if count else "[]")
+
+
+_FLUSH_ITEMS = 1000
+
+
+def _lazy(value: object) -> bool:
+    """Whether ``value`` is, or holds, what is written as it comes: an iterator or a
+    function."""
+    kind = type(value)
+    if value is None or kind in _PLAIN:  # the common case, without an ABC check
+        return False
+    if kind is dict:
+        return any(map(_lazy, value.values()))  # type: ignore[attr-defined]
+    if kind is list or kind is tuple:
+        return any(map(_lazy, value))  # type: ignore[call-overload]
+    return callable(value) or isinstance(value, Iterator)
+
+
+_PLAIN = frozenset({str, int, float, bool, bytes})
+_ENCODER = json.JSONEncoder(indent=2, default=str)

@@ -193,7 +193,7 @@ def inspect(
         record = read_operator_record(store)
         decoder = None if record is None else StateDecoder(record, allow_pickle=allow_pickle)
         if env.json:
-            env.emit_json_stream(head, "items", items(), lambda: {"truncated": truncated})
+            env.emit_json({**head, "items": items(), "truncated": lambda: truncated})
             return
         _print_items(env.console, head, items())
     if truncated:
@@ -201,39 +201,51 @@ def inspect(
 
 
 def _inspect_timers(env: Env, store: StateStore, uri: str, limit: int) -> None:
-    """Print or emit the store's timers, soonest first.
+    """Print or emit the store's timers, soonest first, as they are scanned (``--limit 0``
+    of millions of timers is never held whole).
 
     Raises:
         UsageFailure: the store was not written by a keyed processor.
     """
-    with store:
-        try:
-            found = list(itertools.islice(iter_timers(store), limit + 1 if limit else None))
-        except StateKeeperError as exc:
-            raise UsageFailure(str(exc)) from exc
-    shown = found[:limit] if limit else found
-    timers = [
-        {"key": jsonable(t.key), "expiry_ms": t.expiry_ms, "key_group": t.key_group} for t in shown
-    ]
-    doc = {
+    head = {
         "root": uri,
         "operator": store.operator,
         "partition": store.partition,
         "version": store.version,
-        "truncated": len(found) > len(shown),
-        "timers": timers,
     }
-    if env.json:
-        env.emit_json(doc)
-        return
-    table = Table("key", "fires at (ms)", "fires at (UTC)")
-    for t in timers:
-        when = dt.datetime.fromtimestamp(t["expiry_ms"] / 1000, dt.UTC).isoformat()
-        table.add_row(Text(json.dumps(t["key"], ensure_ascii=False)), str(t["expiry_ms"]), when)
-    where = f"{doc['operator']}/{doc['partition']} at version {doc['version']}"
-    env.console.print(Text(f"{where}: {len(timers)} timers"))
-    env.console.print(table)
-    if doc["truncated"]:
+    truncated = False
+
+    def timers() -> Iterator[dict[str, Any]]:
+        nonlocal truncated
+        try:
+            for count, t in enumerate(iter_timers(store)):
+                if limit and count == limit:
+                    truncated = True
+                    return
+                yield {"key": jsonable(t.key), "expiry_ms": t.expiry_ms, "key_group": t.key_group}
+        except StateKeeperError as exc:
+            raise UsageFailure(str(exc)) from exc
+
+    with store:
+        found = timers()
+        first = list(itertools.islice(found, 1))  # a store without timers fails before output
+        found = itertools.chain(first, found)
+        if env.json:
+            env.emit_json(head | {"timers": found, "truncated": lambda: truncated})
+            return
+        where = f"{head['operator']}/{head['partition']} at version {head['version']}"
+        env.console.print(Text(f"{where}:"))
+        count = 0
+        while chunk := list(itertools.islice(found, _TABLE_ROWS)):
+            table = Table("key", "fires at (ms)", "fires at (UTC)", show_header=not count)
+            for t in chunk:
+                when = dt.datetime.fromtimestamp(t["expiry_ms"] / 1000, dt.UTC).isoformat()
+                key = Text(json.dumps(t["key"], ensure_ascii=False))
+                table.add_row(key, str(t["expiry_ms"]), when)
+            env.console.print(table)
+            count += len(chunk)
+        env.console.print(Text(f"{count} timers"))
+    if truncated:
         env.console.print("more timers follow: raise --limit (0 shows all)")
 
 

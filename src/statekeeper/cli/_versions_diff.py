@@ -9,7 +9,8 @@ are decoded as ``read_state_changes`` decodes them (bookkeeping hidden) unless `
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -26,32 +27,6 @@ from statekeeper.keyed import ChangeDecoder, jsonable, read_operator_record
 from statekeeper.store import StoreChange, StoreChanges
 
 __all__ = ["diff"]
-
-
-@dataclass
-class _Partition:
-    """The feed of one partition and what was shown of it."""
-
-    feed: StoreChanges
-    changes: list[dict[str, Any]]
-
-    def doc(self) -> dict[str, Any]:
-        stretches = [
-            {
-                "from": s.start,
-                "to": s.end,
-                "source": "changelogs" if s.from_changelogs else "restored versions",
-            }
-            for s in self.feed.stretches
-        ]
-        return {
-            "partition": self.feed.partition,
-            "from": self.feed.from_version,
-            "to": self.feed.to_version,
-            "restored": self.feed.restores,
-            "stretches": stretches,
-            "changes": self.changes,
-        }
 
 
 @cli.command()
@@ -113,36 +88,54 @@ def diff(
     wanted = [partition] if partition is not None else opened.partitions(operator)
     feeds = [_feed(opened, operator, p, from_version, to_version) for p in wanted]
     decoder = None if raw else _decoder(opened, feeds, allow_pickle)
-    shown: list[_Partition] = []
     left = limit or None
     truncated = False
-    with Bars(env, "bytes") as bars:
+
+    def changes(feed: StoreChanges, bars: Bars) -> Iterator[dict[str, Any]]:
+        """Up to ``left`` changes of ``feed`` as documents, decoded as they are read: a
+        diff of millions of keys is never held whole (``--limit 0``)."""
+        nonlocal left, truncated
+        if bars.enabled:
+            opened.metered.on_read = bars.add(_describe(feed), _bytes(opened, feed)).advance
+        try:
+            for change in feed:
+                item = _item(change, decoder)
+                if item is None:
+                    continue
+                if left is not None and left <= 0:
+                    truncated = True  # one change more than shown: something was left out
+                    return
+                if left is not None:
+                    left -= 1
+                yield item
+        finally:
+            opened.metered.on_read = None
+
+    def partitions(bars: Bars) -> Iterator[dict[str, Any]]:
+        nonlocal truncated
         for feed in feeds:
             if left is not None and left <= 0:
                 truncated = True
-                break
-            if bars.enabled:
-                opened.metered.on_read = bars.add(_describe(feed), _bytes(opened, feed)).advance
-            try:
-                part, more = _changes(feed, decoder, left)
-            finally:
-                opened.metered.on_read = None
-            shown.append(part)
-            truncated = truncated or more
-            if left is not None:
-                left -= len(part.changes)
-    doc = {
-        "root": opened.uri,
-        "operator": operator,
-        "from": from_version,
-        "decoded": decoder is not None,
-        "truncated": truncated,
-        "partitions": [p.doc() for p in shown],
-    }
-    if env.json:
-        env.emit_json(doc)
-    else:
-        _print(env.console, doc)
+                return
+            yield _head(feed) | {"changes": changes(feed, bars)}
+
+    with Bars(env, "bytes") as bars:
+        head = {"root": opened.uri, "operator": operator, "from": from_version}
+        if env.json:
+            parts = partitions(bars)
+            env.emit_json(
+                head
+                | {
+                    "decoded": decoder is not None,
+                    "partitions": parts,
+                    "truncated": lambda: truncated,
+                }
+            )
+        else:
+            for part in partitions(bars):
+                _print(env.console, operator, part)
+    if truncated and not env.json:
+        env.console.print("more changes follow: raise --limit (0 shows all)")
 
 
 def _feed(root: Root, operator: str, partition: int, start: int, end: int | None) -> StoreChanges:
@@ -190,21 +183,6 @@ def _describe(feed: StoreChanges) -> str:
     return f"reading {feed.operator}/{feed.partition}@{feed.from_version}..{feed.to_version}"
 
 
-def _changes(
-    feed: StoreChanges, decoder: ChangeDecoder | None, limit: int | None
-) -> tuple[_Partition, bool]:
-    """Up to ``limit`` changes of the feed as documents, and whether more were left out."""
-    out: list[dict[str, Any]] = []
-    for change in feed:
-        item = _item(change, decoder)
-        if item is None:
-            continue
-        if limit is not None and len(out) >= limit:
-            return _Partition(feed, out), True
-        out.append(item)
-    return _Partition(feed, out), False
-
-
 def _item(change: StoreChange, decoder: ChangeDecoder | None) -> dict[str, Any] | None:
     """A change as a document; ``None`` for bookkeeping a decoder hides."""
     operation = "delete" if change.value is None else "put"
@@ -235,27 +213,52 @@ def _item(change: StoreChange, decoder: ChangeDecoder | None) -> dict[str, Any] 
     return item
 
 
-def _print(console: Console, doc: dict[str, Any]) -> None:
-    for part in doc["partitions"]:
-        where = f"{doc['operator']}/{part['partition']} from version {part['from']} to {part['to']}"
-        console.print(Text(f"{where}: {len(part['changes'])} changes"))
-        for s in part["stretches"]:
-            if s["source"] != "changelogs":
-                console.print(
-                    Text(
-                        f"versions {s['from'] + 1}..{s['to']} have no changelog (collected by "
-                        "GC, or committed as snapshots): shown as the difference of the "
-                        f"restored versions {s['from']} and {s['to']}, labelled {s['to']}"
-                    )
+def _head(feed: StoreChanges) -> dict[str, Any]:
+    """What a partition's document says before its changes."""
+    stretches = [
+        {
+            "from": s.start,
+            "to": s.end,
+            "source": "changelogs" if s.from_changelogs else "restored versions",
+        }
+        for s in feed.stretches
+    ]
+    return {
+        "partition": feed.partition,
+        "from": feed.from_version,
+        "to": feed.to_version,
+        "restored": feed.restores,
+        "stretches": stretches,
+    }
+
+
+def _print(console: Console, operator: str, part: dict[str, Any]) -> None:
+    """Print one partition's changes as tables of at most ``_TABLE_ROWS`` rows."""
+    console.print(
+        Text(f"{operator}/{part['partition']} from version {part['from']} to {part['to']}:")
+    )
+    for s in part["stretches"]:
+        if s["source"] != "changelogs":
+            console.print(
+                Text(
+                    f"versions {s['from'] + 1}..{s['to']} have no changelog (collected by GC, "
+                    "or committed as snapshots): shown as the difference of the restored "
+                    f"versions {s['from']} and {s['to']}, labelled {s['to']}"
                 )
-        table = Table("version", "op", "key", "value")
+            )
+    count = 0
+    while chunk := list(itertools.islice(part["changes"], _TABLE_ROWS)):
+        table = Table("version", "op", "key", "value", show_header=not count)
         for column in table.columns:
             column.overflow = "fold"
-        for item in part["changes"]:
+        for item in chunk:
             table.add_row(str(item["version"]), item["operation"], shown_key(item), _value(item))
         console.print(table)
-    if doc["truncated"]:
-        console.print("more changes follow: raise --limit (0 shows all)")
+        count += len(chunk)
+    console.print(Text(f"{count} changes"))
+
+
+_TABLE_ROWS = 1000
 
 
 def _value(item: dict[str, Any]) -> Text:

@@ -189,8 +189,11 @@ class Timers:
     def due(self, upto_ms: int) -> list[tuple[int, bytes, bytes]]:
         """Every timer at or before ``upto_ms`` as (expiry, group prefix, key), in order of
         expiry then key; reads the index from its floor, and only up to the first timer
-        not due."""
-        found: list[tuple[int, bytes, bytes]] = []
+        not due. A list: firing them changes the index."""
+        return list(self.scan_due(upto_ms))
+
+    def scan_due(self, upto_ms: int) -> Iterator[tuple[int, bytes, bytes]]:
+        """:meth:`due` as it is read, for a reader that leaves the index alone."""
         at = len(self._index)
         group_at = at + U64.size
         key_at = group_at + (KEY_GROUP.size if len(self._index) > 1 else 0)
@@ -198,9 +201,8 @@ class Timers:
         for index_key, _ in self._store.scan(self._index, start=self._floor.start()):
             expiry = unpack(index_key, at)[0]
             if expiry > upto_ms:
-                break
-            found.append((expiry, index_key[group_at:key_at], index_key[key_at:]))
-        return found
+                return
+            yield expiry, index_key[group_at:key_at], index_key[key_at:]
 
     def firing(self, upto_ms: int, due: list[tuple[int, bytes, bytes]]) -> None:
         """The timers ``due`` that :meth:`due` found for ``upto_ms`` are all deleted in this
@@ -295,6 +297,6 @@ def iter_timers(store: StateStore) -> Iterator[TimerEntry]:
         )
     record = OperatorRecord.from_bytes(raw)
     grouped = record.key_groups is not None
-    for expiry, group, key in Timers(store, grouped=grouped).due(_MAX_U64):
+    for expiry, group, key in Timers(store, grouped=grouped).scan_due(_MAX_U64):
         key_group = KEY_GROUP.unpack(group)[0] if grouped else None
         yield TimerEntry(decode_key(key, len(record.keys))[0], expiry, key_group)
