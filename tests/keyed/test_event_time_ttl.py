@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+
+from statekeeper.errors import ConfigMismatchError
 
 from statekeeper.keyed import StatefulProcessor, StatefulProcessorHandle
 from statekeeper.keyed.testing import ProcessorTester
@@ -42,10 +45,11 @@ def _rows(*pairs: tuple[str, int]) -> pa.Table:
     return pa.table({"k": [k for k, _ in pairs], "ts": times}, schema=IN)
 
 
-def _tester(processor: StatefulProcessor) -> ProcessorTester:
+def _tester(processor: StatefulProcessor, directory: Path | None = None) -> ProcessorTester:
     return ProcessorTester(
-        processor, keys="k", output_schema=OUT, time_mode="event_time", event_time_column="ts"
-    )
+        processor, keys="k", output_schema=OUT, time_mode="event_time", event_time_column="ts",
+        directory=directory,
+    )  # fmt: skip
 
 
 def test_entries_expire_when_the_watermark_passes_stamp_plus_ttl() -> None:
@@ -102,6 +106,38 @@ def test_the_operator_record_says_which_clock_a_ttl_runs_on() -> None:
     assert record is not None
     assert record.states["last"].ttl_on == "event_time"
     assert record.states["last"].ttl_ms == 10_000
+
+
+def test_entries_keep_the_clock_they_were_stamped_on_when_the_ttl_is_removed_or_moved(
+    tmp_path: Path,
+) -> None:
+    """Found by review: with the TTL removed (or moved to processing time) on a restart, the
+    entries' event-time expiries were read against the micro-batch time, which runs ahead of
+    event time by the stream's lag: every entry read as expired, and the first batch deleted
+    them all for good."""
+    now = 1_790_000_000  # the micro-batch time; event times lag it by two hours
+    with _tester(Remember(), tmp_path) as t:
+        t.processing_time_ms = now * 1000
+        t.run(_rows(("a", now - 7200), ("b", now - 7200)))  # both expire at event time -7190
+    moved = _tester(Remember(ttl_on="processing_time", ttl=3600), tmp_path)
+    with moved as t, pytest.raises(ConfigMismatchError, match="TTL runs on event_time"):
+        t.run(_rows(("a", now - 7195)))
+    with _tester(Remember(ttl_on="processing_time", ttl=None), tmp_path) as t:
+        t.processing_time_ms = (now + 60) * 1000
+        # Watermark -7200: a is alive, and rewritten without a TTL.
+        assert t.run(_rows(("a", now - 7195))) == [
+            {"k": "a", "prev": now - 7200, "wm": (now - 7200) * 1000}
+        ]
+        assert [(e.key, e.expires_at_ms) for e in t.state()] == [
+            (("a",), None),
+            (("b",), (now - 7190) * 1000),
+        ]
+        t.run(_rows(("c", now - 7000)))  # watermark -7195: b is still kept
+        t.run(_rows(("c", now - 6990)))  # watermark -7000 passes b's expiry, on its clock
+        assert t.stats.expired == 1
+        assert [e.key for e in t.state()] == [("a",), ("c",)]
+    with _tester(Remember(), tmp_path) as t:  # the old code runs on
+        assert t.run(_rows(("b", now - 6980)))[0]["prev"] is None
 
 
 @pytest.mark.parametrize(

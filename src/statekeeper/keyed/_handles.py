@@ -16,7 +16,10 @@ every re-run of a batch, so re-runs write identical state:
   stream; when the watermark moves they expire in every partition, input or not.
 
 An expired entry is invisible from then on and is deleted at the end of the first micro-batch
-that sees it expired (a sorted TTL index makes that cost proportional to what expires).
+that sees it expired (a sorted TTL index makes that cost proportional to what expires). A
+change of ``ttl`` applies to later writes: an entry keeps the expiry it was written with, also
+when the TTL is removed (the state keeps its clock in the operator record for them). A change
+of ``ttl_on`` is refused (:func:`entry_clock`).
 
 **Reads cost what they must.** When the runner tells the handle the batch's keys in the
 order it will visit them (:meth:`StatefulProcessorHandle.visit_keys`), the first read of a
@@ -33,7 +36,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from statekeeper.errors import StateKeeperError
+from statekeeper.errors import ConfigMismatchError, StateKeeperError
 from statekeeper.keyed._layout import (
     META_KEY,
     OperatorRecord,
@@ -65,6 +68,33 @@ __all__ = ["ListState", "MapState", "StatefulProcessorHandle", "ValueState"]
 _S = TypeVar("_S", bound="_State")
 _WINDOW = 2048
 """Keys per prefetch: large enough to amortize a multi_get, small enough to bound memory."""
+
+
+def entry_clock(name: str, ttl: int | None, ttl_on: str, stored: StateDecl | None) -> str:
+    """The clock a state's entries expire on: the declared ``ttl_on``, except that a state
+    declared without a TTL keeps the clock its ``stored`` declaration had, so entries written
+    while it had one still expire when they were promised to (on the watermark, not the
+    micro-batch time, for an event-time TTL).
+
+    Raises:
+        ConfigMismatchError: ``ttl_on`` differs from the clock the stored entries' expiries
+            were stamped on, which would read them on the wrong clock (event times lag the
+            micro-batch time by the stream's delay: a move to processing time expired them
+            all at once).
+    """
+    if stored is None:
+        return ttl_on
+    if ttl is None:
+        return stored.ttl_on
+    stamped = stored.ttl_ms is not None or stored.ttl_on != "processing_time"
+    if stamped and stored.ttl_on != ttl_on:
+        raise ConfigMismatchError(
+            f"state {name!r} holds entries whose TTL runs on {stored.ttl_on} in this "
+            f"checkpoint root, but the processor now declares ttl_on={ttl_on!r}: their "
+            "expiries would be read on the other clock. Keep "
+            f"ttl_on={stored.ttl_on!r}, or declare the state under another name"
+        )
+    return ttl_on
 
 
 def check_declaration(
@@ -388,13 +418,14 @@ class StatefulProcessorHandle:
         )  # fmt: skip
         stored = self._stored_record()
         decl = None if stored is None else stored.states.get(name)
-        # Another kind is refused by record_operator, with its own message.
-        schemas = None if decl is None or decl.kind != cls.kind else decl.schemas
+        if decl is not None and decl.kind != cls.kind:
+            decl = None  # refused by record_operator, with its own message
+        schemas = None if decl is None else decl.schemas
         declared, version, migrate = schema
         codec = declare_schema(
             name, codec, declared, version=version, migrate=migrate, stored=schemas
         )
-        state = cls(self, name, ttl_at, codec, ttl_on)
+        state = cls(self, name, ttl_at, codec, entry_clock(name, ttl_at, ttl_on, decl))
         self._states[name] = state
         return state
 
