@@ -86,11 +86,12 @@ def group_of(key: bytes) -> int | None:
 
 def build_root(
     tmp: Path, partitions: int, *, batches: int = 3, uri: str | None = None,
-    options: dict[str, str] | None = None,
+    options: dict[str, str] | None = None, owner: str | None = None,
 ) -> tuple[str, dict[bytes, bytes]]:  # fmt: skip
     """A root (``uri``, or a folder under ``tmp``) whose operator has ``partitions`` stores,
-    snapshotted at version 2 and one changelog after it; returns the root and every entry by
-    key (per-store ones once)."""
+    snapshotted at version 2 and one changelog after it, committed by ``owner`` (a streaming
+    query's id; ``None``: the store API); returns the root and every entry by key (per-store
+    ones once)."""
     root = uri or str(tmp / "root")
     everything: dict[bytes, bytes] = {}
     with sk.StateBackend(root, config=config(tmp, "writer"), storage_options=options) as backend:
@@ -108,7 +109,7 @@ def build_root(
                     # Index floors, trusted at this version: a new store must not keep them.
                     for index in (GROUPED_TIMER_INDEX, ttl_prefix("count", grouped=True)):
                         store.put(floor_key(index), U64.pack(5_000) + U64.pack(store.version + 1))
-                    store.commit()
+                    store.commit(owner=owner)
                     if b == 1:
                         backend.snapshot(OP, p)
     return root, everything
@@ -464,5 +465,34 @@ def test_a_stale_epoch_manifest_does_not_set_the_version_new_stores_start_at(
     stale = EpochManifest(0, query, "run", 1, {OP: 2}, {OP: entries})
     assert write_manifest(open_blob_store(root), stale)
     report = repartition(root, OP, partitions=3, config=config(tmp_path, "r"))
+    assert report.version == 3
+    check_layout(state_of(root, tmp_path, "read"), everything)
+
+
+def test_a_cut_that_cannot_tell_where_the_query_goes_on_asks_for_the_version(
+    tmp_path: Path,
+) -> None:
+    """Every partition at version 3, committed by a query, and no epoch manifest names it
+    (Spark Connect, or a driver that stopped before writing it): micro-batch 2 finished (the
+    query goes on at 3) or failed after its commits (it runs 2 again, from 2). The rescale
+    took one of them, and new stores at the other stopped the restarted query for good."""
+    query = "0b5c2f0e-1111-4c1e-9a52-0c6d7a1e0002"
+    root, everything = build_root(tmp_path, 2, owner=query)
+    with pytest.raises(sk.ConfigMismatchError, match=r"name the version: 3 if micro-batch 2 fin"):
+        repartition(root, OP, partitions=3, config=config(tmp_path, "r"))
+    # One version behind: where the manifest of batch 1 was the newest, the same question.
+    entries = [StoreEntry(p, 2, f"{OP}/{p}/changelog/x", None, None) for p in (0, 1)]
+    assert write_manifest(
+        open_blob_store(root), EpochManifest(1, query, "r", 1, {OP: 2}, {OP: entries})
+    )
+    with pytest.raises(sk.ConfigMismatchError, match="--version V"):
+        repartition(root, OP, partitions=3, config=config(tmp_path, "r"))
+    with pytest.raises(sk.ConfigMismatchError, match="expected a version from 1 to 3"):
+        repartition(root, OP, partitions=3, version=4, config=config(tmp_path, "r"))
+    earlier = repartition(
+        root, OP, partitions=3, to="older", version=2, config=config(tmp_path, "o")
+    )
+    assert (earlier.version, earlier.operator) == (2, "older")
+    report = repartition(root, OP, partitions=3, version=3, config=config(tmp_path, "r"))
     assert report.version == 3
     check_layout(state_of(root, tmp_path, "read"), everything)

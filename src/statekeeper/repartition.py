@@ -9,7 +9,10 @@ key-group ranges, never re-encoding a key:
    versions the newest epoch manifest names, unless batches finished since outran it, else the
    newest version every partition has);
    every partition must be at one version ``v``, which every new store starts at, so a query
-   restarted with ``partitions=N`` loads ``v`` in its next micro-batch and continues.
+   restarted with ``partitions=N`` loads ``v`` in its next micro-batch and continues. Where
+   every partition is at one version that a query committed and no manifest names, the
+   batch that committed it may have finished or failed after its commits, and new stores at
+   the wrong one would stop the restarted query for good: the caller names the version then.
 2. **Parents.** Every old store is restored at ``v`` into a work folder (in parallel).
 3. **New stores** (in parallel). New store ``q`` owns key groups ``R``; its *primary* parent is
    the old store that holds most of ``R``. The new store starts as a RocksDB checkpoint of the
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import shutil
@@ -148,6 +152,7 @@ def repartition(
     *,
     partitions: int,
     to: str | None = None,
+    version: int | None = None,
     config: StoreConfig | None = None,
     storage_options: dict[str, str] | None = None,
     work_dir: str | os.PathLike[str] | None = None,
@@ -166,6 +171,8 @@ def repartition(
         operator: the operator to rescale.
         partitions: the new partition count, at most the operator's key groups.
         to: write the result as this new operator instead (the root must not hold it).
+        version: the version to read every old store at, which the new stores start at
+            (default: the consistent cut's; see the module docstring).
         config: transfer settings (``io_threads``, ``chunk_size``); the backend's if
             ``root`` is one.
         storage_options: for a URI root.
@@ -180,7 +187,9 @@ def repartition(
         TypeError, ValueError: a malformed argument.
         ConfigMismatchError: the operator is not in the root, has no key groups (made by
             statekeeper 0.1), already has that partition count, its partitions are not at
-            one version, or ``to`` exists.
+            one version, the cut cannot tell the version a restarted query goes on at (the
+            message says how to choose ``version``), ``version`` is above a partition's
+            newest, or ``to`` exists.
         CommitConflictError: a query started on the operator during the repartition
             (nothing was changed).
         StateNotFoundError, CorruptStateError, StorageError: restoring an old store failed.
@@ -193,12 +202,14 @@ def repartition(
     ):
         raise ValueError(f"workers must be an int >= 1 or None, got {workers!r}")
     check_progress(progress)
+    if version is not None:
+        layout.validate_version(version)
     backend = root if isinstance(root, StateBackend) else StateBackend(
         root, config=config, storage_options=storage_options
     )  # fmt: skip
     try:
         cfg = config or backend.config
-        job = _Job.prepare(backend, cfg, operator, partitions, to)
+        job = _Job.prepare(backend, cfg, operator, partitions, to, version)
         with _work_folder(work_dir) as tmp:
             return job.run(tmp, workers or min(4, cfg.io_threads), progress, started)
     finally:
@@ -283,6 +294,66 @@ def _remove_work_folder(folder: str) -> None:
         _log.info("deleted %s (%s bytes), left by a killed repartition", folder, f"{size:,}")
 
 
+def _cut_version(
+    blobs: BlobStore,
+    operator: str,
+    partitions: int,
+    history: Callable[[int], StoreHistory],
+    latest: list[int],
+) -> int:
+    """The version every old store is read at: the consistent cut's, when it says which.
+
+    Raises:
+        ConfigMismatchError: the cut is not one version, it is 0, or it is ambiguous (see
+            :func:`_ambiguous`).
+    """
+    cut = consistent_cut(blobs, operator, partitions, history)
+    versions = set(cut.versions.values())
+    if len(versions) != 1:
+        raise _refuse(
+            f"the partitions of operator {operator!r} are at different versions "
+            f"({cut.versions}, from {cut.describe()}): a repartition needs one cut; run "
+            "the query until a micro-batch completes, then stop it"
+        )
+    version = versions.pop()
+    if version == 0:
+        raise _refuse(f"operator {operator!r} holds no committed state to repartition")
+    newest = latest[0]
+    if _ambiguous(cut.manifest is not None and version == newest, latest, history):
+        raise _refuse(
+            f"every partition of operator {operator!r} is at version {newest}, committed by "
+            f"micro-batch {newest - 1} of a streaming query, and nothing in the root says "
+            "whether that micro-batch finished (no epoch manifest names it: the query ran "
+            "from Spark Connect, or its driver stopped before writing one). New stores at "
+            "the wrong version would stop the restarted query for good, so name the "
+            f"version: {newest} if micro-batch {newest - 1} finished (the query's last "
+            f"progress reported batchId {newest - 1}; the newest file in its "
+            f"checkpointLocation's commits folder is named {newest - 1}), else {newest - 1} "
+            "(CLI: --version V; library: version=V). With --to NEW_OPERATOR (to=...) the "
+            "old stores stay as they are"
+        )
+    return version
+
+
+def _ambiguous(named: bool, latest: list[int], history: Callable[[int], StoreHistory]) -> bool:
+    """Whether the cut cannot say at which version a restarted query goes on. Spark runs
+    micro-batch ``b`` once ``b - 1`` finished, and every task of a batch commits: partitions
+    at different versions show that the newest batch failed. All at one version ``v`` that
+    no epoch manifest names, committed by a query, do not show whether the batch that
+    committed ``v`` finished (the query goes on at ``v``) or failed after its commits (it
+    runs that batch again, from ``v - 1``); each version made the other's restart fail for
+    good. Commits of the store API (no owner) are the state as it is."""
+    if named or len(set(latest)) != 1:
+        return False
+    newest = latest[0]
+    for p in range(len(latest)):
+        manifest = history(p).manifest
+        entry = None if manifest is None else manifest.entry(newest)
+        if entry is not None and entry.owner:  # "" for the store API
+            return True
+    return False
+
+
 def _refuse(message: str) -> ConfigMismatchError:
     return ConfigMismatchError(message)
 
@@ -344,28 +415,25 @@ class _Job:
     @classmethod
     def prepare(
         cls, backend: StateBackend, cfg: StoreConfig, operator: str, partitions: int,
-        to: str | None,
+        to: str | None, version: int | None,
     ) -> _Job:  # fmt: skip
-        """Check the request against the root and read the cut."""
+        """Check the request against the root and read the cut (unless ``version``)."""
         meta, old, groups = check_request(backend, operator, partitions, to)
         target = operator if to is None else to
         blobs = backend.blobs
         finish_pending_rescale(blobs, operator, io_threads=cfg.io_threads)
-        cut = consistent_cut(
-            blobs, operator, old,
-            lambda p: StoreHistory.load(blobs, operator, p, root_id=meta.root_id),
-        )  # fmt: skip
-        versions = set(cut.versions.values())
-        if len(versions) != 1:
-            raise _refuse(
-                f"the partitions of operator {operator!r} are at different versions "
-                f"({cut.versions}, from {cut.describe()}): a repartition needs one cut; run "
-                "the query until a micro-batch completes, then stop it"
-            )
-        version = versions.pop()
-        if version == 0:
-            raise _refuse(f"operator {operator!r} holds no committed state to repartition")
+        histories = functools.cache(
+            lambda p: StoreHistory.load(blobs, operator, p, root_id=meta.root_id)
+        )
         latest = latest_versions(blobs, meta.root_id, operator, old)
+        if version is None:
+            version = _cut_version(blobs, operator, old, histories, latest)
+        elif version < 1 or version > min(latest):
+            raise _refuse(
+                f"version {version} of operator {operator!r} cannot be repartitioned: its "
+                f"partitions' newest versions are {latest}; expected a version from 1 to "
+                f"{min(latest)}"
+            )
         return cls(backend, cfg, operator, target, old, partitions, groups, version, latest)
 
     def run(

@@ -13,7 +13,6 @@ import pyarrow as pa
 import pytest
 
 from statekeeper.errors import ConfigMismatchError
-
 from statekeeper.keyed import StatefulProcessor, StatefulProcessorHandle
 from statekeeper.keyed.testing import ProcessorTester
 

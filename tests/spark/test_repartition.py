@@ -4,14 +4,16 @@ restart, more batches; the state equals a batch groupBy of all input."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
-from statekeeper import StateBackend, StoreConfig
+from statekeeper import ConfigMismatchError, StateBackend, StoreConfig
 from statekeeper.repartition import repartition
 from statekeeper.spark import read_state, transform_with_state
+from tests.cli.conftest import run as run_cli
 from tests.spark.helpers import (
     OUTPUT_SCHEMA,
     batch_totals,
@@ -65,3 +67,37 @@ def test_repartition_4_to_7_to_3_between_runs_of_a_query(
     with StateBackend(root) as backend:
         assert backend.operators()[NAME] == 3
         assert backend.versions(NAME, 2)[-1] == 9
+
+
+def test_a_query_whose_last_epoch_manifest_is_missing_goes_on_at_the_version_named(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The driver stopped before its listener wrote the manifest of the last batch (or the
+    query ran from Spark Connect): every partition is at 3, the newest manifest names 2.
+    The rescale started the new stores at 2, and the restarted query, whose micro-batch 3
+    needs version 3, failed on every restart. Now the rescale asks which version, and the
+    query goes on at the one named."""
+    inp, root = tmp_path / "in", str(tmp_path / "state")
+    sink, ckpt = tmp_path / "sink", tmp_path / "ckpt"
+    data = make_input(seed=17, files=6, rows=40, keys=40)
+
+    def run(partitions: int, first_file: int) -> None:
+        write_files(inp, data[first_file : first_file + 3], start=first_file)
+        out = transform_with_state(
+            read_stream(spark, inp), "k", RunningCountSum(), OUTPUT_SCHEMA, root, NAME,
+            partitions, config=StoreConfig(local_dir=str(tmp_path / "local")),
+        )  # fmt: skip
+        query = run_to_end(out, sink, ckpt)
+        wait_for_epoch(spark, query, first_file + 2)
+
+    run(4, 0)
+    (last,) = (tmp_path / "state" / "_epochs").glob("*/*2.json")
+    last.unlink()
+    with pytest.raises(ConfigMismatchError, match="name the version: 3 if micro-batch 2"):
+        repartition(root, NAME, partitions=2, work_dir=str(tmp_path))
+    cli = run_cli("repartition", root, NAME, "-n", "2", "--version", "3", "--json")
+    assert cli.exit_code == 0, cli.output
+    assert json.loads(cli.stdout)["version"] == 3
+    run(2, 3)
+    assert sink_latest(spark, sink) == batch_totals(spark, inp)
+    assert state_totals(read_state(spark, root, NAME)) == batch_totals(spark, inp)

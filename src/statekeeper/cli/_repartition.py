@@ -40,6 +40,11 @@ __all__ = ["repartition_command"]
     help="Write the result as this new operator; OPERATOR stays as it is.",
 )
 @click.option(
+    "--version", "version", type=click.IntRange(min=1), default=None, metavar="V",
+    help="Read the old stores at this version, where the new ones start (default: the "
+    "consistent cut; asked for when the cut cannot tell).",
+)  # fmt: skip
+@click.option(
     "--io-threads",
     type=click.IntRange(min=1),
     default=8,
@@ -62,6 +67,7 @@ def repartition_command(
     operator: str,
     partitions: int,
     to: str | None,
+    version: int | None,
     io_threads: int,
     work_dir: str | None,
 ) -> None:
@@ -87,8 +93,8 @@ def repartition_command(
             phases[phase].set(done, total)
 
         report = repartition(
-            opened.backend, operator, partitions=partitions, to=to, work_dir=work_dir,
-            progress=progress,
+            opened.backend, operator, partitions=partitions, to=to, version=version,
+            work_dir=work_dir, progress=progress,
         )  # fmt: skip
     doc = _document(opened.uri, report)
     if env.json:
