@@ -184,3 +184,57 @@ def test_a_copy_locked_by_another_process_is_refused_and_left_alone(tmp_path: Pa
         assert store.restore_info.base_kind == "local"
         assert store.get(b"k00001") == _value(1)
     assert _aside(copy) == []
+
+
+_OUT_OF_FILES_CHILD = textwrap.dedent(
+    """
+    import os, resource, sys
+    import statekeeper as sk
+    from statekeeper.errors import StateKeeperError
+    from statekeeper.storage import LocalBlobStore
+    root, local = sys.argv[1], sys.argv[2]
+    config = sk.StoreConfig(local_dir=local, snapshot_every=10_000, io_threads=2)
+    with sk.StateBackend(LocalBlobStore(root), config=config) as backend:
+        backend.versions("op", 0)  # threads and files of the backend, before the squeeze
+        held = len(os.listdir("/proc/self/fd"))
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (held + 3, hard))
+        try:
+            backend.open("op", 0)
+        except StateKeeperError as exc:
+            print(type(exc).__name__, exc)
+    """
+)
+
+
+def test_running_out_of_file_handles_is_not_taken_for_damage(tmp_path: Path) -> None:
+    """Found by review (200 partitions per worker under ulimit -n 1024): RocksDB's "Too many
+    open files" was taken for a damaged copy, which was set aside (a whole copy left behind
+    per attempt, never swept) and rebuilt, failing the same way. It is now an error that
+    names the limit, and the copy stays where it is."""
+    backend, copy = _committed(tmp_path)
+    backend.close()
+    args = [str(tmp_path / "root"), str(tmp_path / "local")]
+    child = subprocess.run(
+        [sys.executable, "-c", _OUT_OF_FILES_CHILD, *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.startswith("StateKeeperError "), child.stdout + child.stderr
+    assert "out of file handles" in child.stdout
+    assert "ulimit -n" in child.stdout
+    assert not list(copy.parent.glob("*.damaged-*"))
+    with _backend(tmp_path / "root", tmp_path / "local") as again, again.open("op", 0) as store:
+        assert store.version == 2
+        assert len(list(store.scan())) == KEYS
+
+
+def test_the_info_logs_of_a_copy_reopened_often_stay_few(tmp_path: Path) -> None:
+    """Found by review: RocksDB rolls its info log at every open and kept 1,000 old ones, so
+    a store that workers reopened held 27 MB of logs, more than its data."""
+    backend, copy = _committed(tmp_path)
+    with backend:
+        for _ in range(6):
+            with backend.open("op", 0) as store:
+                assert store.version == 2
+    assert len(list(copy.glob("LOG.old*"))) <= 2

@@ -28,6 +28,7 @@ import errno
 import fcntl
 import logging
 import os
+import resource
 import time
 import uuid
 from collections.abc import Iterator
@@ -40,6 +41,7 @@ __all__ = [
     "disk_note",
     "free_bytes",
     "holding_lock",
+    "read_failure",
     "set_aside",
 ]
 
@@ -57,6 +59,29 @@ class DamagedCopyError(StateKeeperError):
     def __init__(self, path: str, cause: BaseException) -> None:
         super().__init__(f"the local working copy {path} is damaged: {cause}")
         self.path = path
+
+
+def read_failure(path: str, cause: BaseException) -> StateKeeperError:
+    """What a failure to open or read the copy at ``path`` means: damage
+    (:class:`DamagedCopyError`, so the copy is rebuilt), unless the process ran out of file
+    handles, which says nothing about the copy (setting it aside and rebuilding it would fail
+    the same way, and leave a copy behind each time)."""
+    if not _out_of_file_handles(cause):
+        return DamagedCopyError(path, cause)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return StateKeeperError(
+        f"cannot read the local working copy {path}: this process is out of file handles "
+        f"({cause}). Its open files are limited to {soft} (ulimit -n; the hard limit is "
+        f"{hard}), and each open store holds about 7 plus its SST files: raise the limit, or "
+        "lower StoreConfig.max_open_stores"
+    )
+
+
+def _out_of_file_handles(cause: BaseException) -> bool:
+    if isinstance(cause, OSError) and cause.errno in (errno.EMFILE, errno.ENFILE):
+        return True
+    # RocksDB reports an IO error whose text ends with strerror(EMFILE or ENFILE).
+    return os.strerror(errno.EMFILE) in str(cause) or os.strerror(errno.ENFILE) in str(cause)
 
 
 @contextlib.contextmanager

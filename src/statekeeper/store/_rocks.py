@@ -303,6 +303,10 @@ def background_env() -> rocksdict.Env:
         return _env
 
 
+_KEEP_INFO_LOGS = 2
+_INFO_LOG_BYTES = 1 << 20
+
+
 def options(*, write_buffer_mb: int, memory_mb: int, write_mb_s: int = 0) -> rocksdict.Options:
     cache, buffers = SHARED_MEMORY.reserve(memory_mb)
     opts = rocksdict.Options(raw_mode=True)
@@ -322,6 +326,10 @@ def options(*, write_buffer_mb: int, memory_mb: int, write_mb_s: int = 0) -> roc
     if write_mb_s:  # flushes and compactions (StoreConfig.background_write_mb_s)
         opts.set_ratelimiter(write_mb_s << 20, 100_000, 10)
     opts.set_max_background_jobs(2)
+    # RocksDB's info log rolls at every open and keeps 1,000 old logs by default: a store a
+    # worker reopened often held 27 MB of them, more than its data.
+    opts.set_keep_log_file_num(_KEEP_INFO_LOGS)
+    opts.set_max_log_file_size(_INFO_LOG_BYTES)
     opts.set_level_compaction_dynamic_level_bytes(True)
     opts.set_compression_type(rocksdict.DBCompressionType.lz4())
     opts.set_bottommost_compression_type(rocksdict.DBCompressionType.zstd())

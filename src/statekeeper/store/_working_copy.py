@@ -57,6 +57,7 @@ from statekeeper.store._local_disk import (
     disk_note,
     free_bytes,
     holding_lock,
+    read_failure,
     set_aside,
 )
 from statekeeper.store._overlap import submit
@@ -193,6 +194,9 @@ class WorkingCopy:
                     f"cannot open the local working copy {self.path}: {failure}; "
                     f"{disk_note(self.path)}"
                 ) from failure
+            problem = read_failure(self.path, failure)
+            if not isinstance(problem, DamagedCopyError):
+                raise problem from failure
             with holding_lock(self.path, failure):  # raises if another process has it
                 set_aside(self.path, failure)
             self.set_lineage(None, 0)
@@ -262,7 +266,7 @@ class WorkingCopy:
         try:
             value: bytes | None = self._db.get(key)  # raw mode: bytes, nothing to convert
         except Exception as exc:  # rocksdict raises a bare Exception for every failure
-            raise DamagedCopyError(self.path, exc) from exc
+            raise read_failure(self.path, exc) from exc
         return value
 
     def multi_get(self, keys: list[bytes]) -> list[bytes | None]:
@@ -277,7 +281,7 @@ class WorkingCopy:
         try:
             held = self._db.property_int_value("rocksdb.estimate-num-keys") or 0
         except Exception as exc:  # rocksdict raises a bare Exception for every failure
-            raise DamagedCopyError(self.path, exc) from exc
+            raise read_failure(self.path, exc) from exc
         # The order is checked only where it could matter (0.1 µs a key); the check stops at
         # the first pair out of order, so keys in no order cost nearly nothing.
         in_order = len(keys) * _SCAN_DENSITY_IN_ORDER >= held and all(
@@ -294,7 +298,7 @@ class WorkingCopy:
         try:
             return [get(k) for k in keys]
         except Exception as exc:  # rocksdict raises a bare Exception for every failure
-            raise DamagedCopyError(self.path, exc) from exc
+            raise read_failure(self.path, exc) from exc
 
     def _multi_get_by_scan(self, keys: list[bytes], in_order: bool) -> list[bytes | None]:
         """:meth:`multi_get` of many of the copy's keys: one ordered pass merging the keys
@@ -305,7 +309,7 @@ class WorkingCopy:
         try:
             values, answered = _rocks.read_values(self._db, ordered, _SCAN_LIMIT, _SCAN_GRACE)
         except Exception as exc:  # rocksdict raises a bare Exception for every failure
-            raise DamagedCopyError(self.path, exc) from exc
+            raise read_failure(self.path, exc) from exc
         if answered < len(ordered):
             values.extend(self._gets(ordered[answered:]))
         if in_order:
@@ -337,7 +341,7 @@ class WorkingCopy:
                 raise StateKeeperError(
                     f"the local working copy {self.path} was closed before this scan ended"
                 ) from exc
-            raise DamagedCopyError(self.path, exc) from exc
+            raise read_failure(self.path, exc) from exc
 
     def _raw_label(self) -> bytes | None:
         raw = self.get(LABEL_KEY)
