@@ -687,3 +687,42 @@ def test_close_all_stops_the_janitor_and_the_next_acquire_starts_one(
     assert cache._janitor is not None
     assert cache._janitor[0].is_alive()
     cache.release(lease, ok=True)
+
+
+_FEW_FILES_CHILD = """
+import os, resource, sys
+from statekeeper import StoreConfig
+from statekeeper.spark._cache import StoreCache, StoreSpec
+root, local = sys.argv[1], sys.argv[2]
+spec = StoreSpec(root, "op", 60, StoreConfig(local_dir=local), (), lock_timeout_s=60.0)
+cache = StoreCache()
+lease = cache.acquire(spec, 59, 0)  # threads, the backend, the first store: then the squeeze
+cache.release(lease, ok=True)
+limit = len(os.listdir("/proc/self/fd")) + 150
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+for partition in range(59):
+    lease = cache.acquire(spec, partition, 0)
+    lease.store.put(b"k", b"v%d" % partition)
+    lease.store.commit()
+    cache.release(lease, ok=True)
+print(len(cache.open_keys()), len(os.listdir("/proc/self/fd")), limit)
+cache.close_all()
+"""
+
+
+def test_a_worker_under_a_low_open_file_limit_closes_idle_stores_before_opening_more(
+    tmp_path: Path,
+) -> None:
+    """Found by review: with 200 partitions per worker under ulimit -n 1024, the stores a
+    worker kept open (up to max_open_stores=256, about 7 handles each plus SST files) ran
+    it out of file handles and the task failed. Before an open, the least recently used idle
+    stores are now closed while the process holds over 70% of its limit."""
+    args = [str(tmp_path / "root"), str(tmp_path / "local")]
+    child = subprocess.run(
+        [sys.executable, "-c", _FEW_FILES_CHILD, *args],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr[-3000:]
+    stores, held, limit = map(int, child.stdout.split())
+    assert 0 < stores < 60  # some were closed, and the rest kept for their next task
+    assert held <= limit

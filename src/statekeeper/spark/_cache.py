@@ -31,6 +31,9 @@ A janitor thread per worker bounds what the worker holds (issue 12):
   see there), and, while more stores are open than ``StoreConfig.max_open_stores`` (the
   smallest among the open stores' configs), the least recently used idle ones (their
   working copies stay on disk for the next task);
+* before a task opens a store, while the process holds over 70% of its open-file limit (a
+  store holds about 7 handles plus its SST files), the least recently used quarter of the
+  idle stores is closed first, and the first store raises the soft limit to the hard one;
 * every ``_SWEEP_EVERY_S`` it deletes the working copies of the roots this worker serves
   that no task has used for ``StoreConfig.local_copy_ttl_s`` (partitions that moved to
   another executor), never one that a process holds: the sweep takes the copy's
@@ -48,6 +51,7 @@ import dataclasses
 import logging
 import math
 import os
+import resource
 import threading
 import time
 from collections.abc import Collection, Mapping
@@ -322,6 +326,7 @@ class StoreCache:
                     )
                 entry.busy = True
                 return entry
+        self._relieve_file_pressure()
         lock = StoreLock(path)
         waited = lock.acquire(spec.lock_timeout_s)
         if waited > 0.5:
@@ -334,6 +339,34 @@ class StoreCache:
         self._start_janitor()
         self._wake.set()  # one more open: the budget may be exceeded
         return entry
+
+    def _relieve_file_pressure(self) -> None:
+        """Before a store is opened: while this process holds over 70% of its open-file
+        limit, close the least recently used quarter of the idle stores (and wait for them).
+        Each open store holds about 7 file handles plus its SST files; with many partitions
+        per worker, ``max_open_stores`` stores can outgrow a limit of 1024, and RocksDB then
+        fails the task (the janitor's closes run in the background: too late for an open
+        now)."""
+        if not _under_file_pressure():
+            return
+        with self._mutex:
+            idle = sorted((e for e in self._entries.values() if not e.busy), key=_idle_since)
+            doomed = idle[: max(1, len(self._entries) // 4)]
+            for entry in doomed:
+                del self._entries[entry.key]
+        threads = [
+            threading.Thread(target=_shutdown_logged, args=(e,), name="statekeeper-files")
+            for e in doomed
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if doomed:
+            _log.info(
+                "closed %s idle stores: this process holds over %d%% of its open-file limit",
+                len(doomed), int(_FILE_PRESSURE * 100),
+            )  # fmt: skip
 
     def _evict(self, entry: _Entry, *, logged: bool = False) -> None:
         with self._mutex:
@@ -350,6 +383,7 @@ class StoreCache:
                 target=self._janitor_loop, args=(stop,), name="statekeeper-janitor", daemon=True
             )
             self._janitor = thread, stop
+        _raise_file_limit()  # the first store of this worker (or since close_all)
         thread.start()
 
     def _janitor_loop(self, stop: threading.Event) -> None:
@@ -525,6 +559,41 @@ def _remove(path: str, ttl: float, now: float) -> bool:
         return _unused_for(path, now) >= ttl and remove_unused_copy(path)
     finally:
         lock.release()
+
+
+_FILE_PRESSURE = 0.7
+_FD_FOLDERS = ("/proc/self/fd", "/dev/fd")
+
+
+def _under_file_pressure() -> bool:
+    """Whether this process holds more than :data:`_FILE_PRESSURE` of its open-file limit
+    (``False`` where that cannot be told)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return False
+    for folder in _FD_FOLDERS:
+        try:
+            held = len(os.listdir(folder))
+        except OSError:
+            continue
+        return held > soft * _FILE_PRESSURE
+    return False
+
+
+def _raise_file_limit() -> None:
+    """Raise this process's soft open-file limit to its hard limit, as the JVM does for
+    itself: a worker holding many stores needs the handles, and only the hard limit is a
+    policy (a failure leaves the limit as it was)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = _MAX_FILES if hard == resource.RLIM_INFINITY else min(hard, _MAX_FILES)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError) as exc:
+            _log.debug("could not raise the open-file limit from %s to %s: %s", soft, wanted, exc)
+
+
+_MAX_FILES = 1 << 20
 
 
 def worker_root(checkpoint: str, backend: StateBackend) -> str:
