@@ -37,6 +37,7 @@ from statekeeper.manifest import (
     write_manifest,
 )
 from statekeeper.storage import LocalBlobStore
+from tests.blobstores import RecordingBlobStore
 
 ROOT = "r" * 32
 
@@ -276,6 +277,42 @@ def test_newest_manifest_falls_back_past_a_damaged_one(
     (tmp_path / "root" / layout.manifest_key("ops", 3, 1)).write_bytes(b"{}")
     with pytest.raises(CorruptStateError, match="no manifest of store ops/3 is readable"):
         read_newest_manifest(blobs, root_id=ROOT, operator="ops", partition=3)
+
+
+class _CutShort(RecordingBlobStore):
+    """Returns the first ``times`` reads of ``key`` cut in half, as a proxy that rewrote
+    the length would."""
+
+    def __init__(self, inner: LocalBlobStore, key: str, times: int) -> None:
+        super().__init__(inner)
+        self.key, self.times = key, times
+
+    def get(self, key: str) -> bytes:
+        data = super().get(key)
+        if key == self.key and self.times > 0:
+            self.times -= 1
+            return data[: len(data) // 2]
+        return data
+
+
+@pytest.mark.parametrize(("cut", "newest"), [(1, 2), (2, 2), (3, 1)])
+def test_a_manifest_read_short_is_read_again_before_it_is_skipped(
+    tmp_path: Path, cut: int, newest: int
+) -> None:
+    """Found by review: one short read of the newest manifest skipped it, so its version
+    looked never committed; a Spark task then committed it empty over the real one, and a
+    GC wrote a manifest past it (the version lost). Only what fails three reads is damage."""
+    inner = LocalBlobStore(str(tmp_path / "root"))
+    m1 = commit(empty(), 0, "a")
+    write_manifest(inner, m1)
+    write_manifest(inner, commit(m1, 1, "b"))
+    blobs = _CutShort(inner, layout.manifest_key("ops", 3, 2), cut)
+    skipped: list[str] = []
+    found = read_newest_manifest(blobs, root_id=ROOT, operator="ops", partition=3, skipped=skipped)
+    assert found is not None
+    assert found.seq == newest
+    assert len(skipped) == 2 - newest
+    assert blobs.counts()["get"] == min(cut + 1, 3) + (newest == 1)
 
 
 def test_two_writers_racing_for_one_manifest_cannot_both_win(tmp_path: Path) -> None:

@@ -548,10 +548,7 @@ def read_newest_manifest(
     errors: list[str] = []
     for _, key in reversed(seqs):
         try:
-            data = blobs.get(key)
-            manifest = decode_manifest(
-                data, blob=key, root_id=root_id, operator=operator, partition=partition
-            )
+            manifest = _read_checked(blobs, key, root_id, operator, partition)
         except (CorruptStateError, StateNotFoundError) as exc:
             _log.warning("skipping manifest %s: %s", key, exc)
             errors.append(str(exc))
@@ -564,6 +561,36 @@ def read_newest_manifest(
             f"no manifest of store {operator}/{partition} is readable: {'; '.join(errors)}"
         )
     return None
+
+
+_DAMAGE_READS = 3
+"""Reads of a manifest that fails its checks before it is taken for damaged."""
+
+
+def _read_checked(
+    blobs: BlobStore, key: str, root_id: str, operator: str, partition: int
+) -> StoreManifest:
+    """The manifest at ``key``, read again while it fails its checks, up to
+    :data:`_DAMAGE_READS` times: a body cut short on the way (a proxy that rewrote its
+    length) reads as damage once, and taking it for damage skips a committed version, which
+    a task would then commit empty (or a GC write past). Only what fails every read is.
+
+    Raises:
+        CorruptStateError: every read failed its checks.
+        StateNotFoundError: the manifest is gone.
+        StorageError: reading failed.
+    """
+    for attempt in range(_DAMAGE_READS):
+        data = blobs.get(key)
+        try:
+            return decode_manifest(
+                data, blob=key, root_id=root_id, operator=operator, partition=partition
+            )
+        except CorruptStateError as exc:
+            if attempt + 1 == _DAMAGE_READS:
+                raise
+            _log.info("manifest %s failed its checks (%s); reading it again", key, exc)
+    raise AssertionError("unreachable")
 
 
 def read_newest_after_conflict(

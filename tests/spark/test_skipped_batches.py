@@ -9,10 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from statekeeper import StateBackend, StoreConfig
+from statekeeper import StateBackend, StoreConfig, layout
 from statekeeper.spark import read_state, transform_with_state, transform_with_state_arrow
 from tests.spark.conftest import SparkHolder
 from tests.spark.helpers import (
@@ -111,3 +112,37 @@ def test_a_batch_with_data_only_in_another_source_is_committed_empty(
         assert state_totals(read_state(spark, root, "op")) == {"a": (4, 8), "b": (2, 4)}
     rows = spark.read.parquet(str(tmp_path / "out")).collect()
     assert {(r["k"], r["count"]) for r in rows if r["k"] == "x"} == {("x", -1)}
+
+
+def test_a_version_only_a_damaged_manifest_names_is_never_committed_empty(
+    spark_holder: SparkHolder, tmp_path: Path
+) -> None:
+    """Found by review (S3 behind a proxy that cut a manifest's body short three times): the
+    newest manifest of a store failed its checks, so its version looked never committed and
+    the next micro-batch, taking it for one Spark had skipped, committed it empty over the
+    real one: every count silently wrong. A manifest that fails its checks is now read again
+    before it is skipped, and a version a skipped manifest may name is never filled: the
+    task fails, naming the damaged manifest."""
+    spark = spark_holder.get()
+    inp, root = tmp_path / "in", str(tmp_path / "state")
+    config = StoreConfig(local_dir=str(tmp_path / "local"))
+
+    def run() -> None:
+        out = transform_with_state(
+            read_stream(spark, inp), ["k"], RunningCountSum(), OUTPUT_SCHEMA, root, "op",
+            PARTITIONS, config=config,
+        )  # fmt: skip
+        run_to_end(out, tmp_path / "out", tmp_path / "ck")
+
+    write_files(inp, [KEPT, KEPT, KEPT])
+    run()
+    assert _versions(root, "op") == [3, 3]
+    manifests = sorted((Path(root) / layout.manifest_prefix("op", 0)).glob("*.json"))
+    damaged = manifests[-1]
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    write_files(inp, [KEPT], start=3)
+    with pytest.raises(StreamingQueryException, match=f"{damaged.name} failed its checks"):
+        run()
+    assert sorted(damaged.parent.glob("*.json")) == manifests  # nothing written past it

@@ -158,7 +158,8 @@ def _acquire(spec: TaskSpec, ctx: TaskIdentity) -> Lease:
     committed are committed empty here, each owned by this query. A gap after a version of
     another query, or of none (the store API), is refused as before: the query's
     checkpointLocation and the state root disagree. So is a gap after version 0 while an
-    initial state waits for micro-batch 0 (it would be lost). Any other gap after version 0
+    initial state waits for micro-batch 0 (it would be lost), and one a newer manifest that
+    failed its checks may cover (the version would replace the one it names). Any other gap after version 0
     is filled: nothing tells a query whose first micro-batches had no input from an old
     checkpointLocation pointed at a new, empty root, which therefore starts from empty
     state (the WARNING says so) instead of failing.
@@ -201,7 +202,9 @@ def _skipped_since(spec: TaskSpec, ctx: TaskIdentity) -> int | None:
         backend.blobs, spec.store.operator, ctx.partition, root_id=meta.root_id
     )
     newest = history.latest()
-    if newest >= ctx.batch_id:
+    if newest >= ctx.batch_id or history.skipped_manifests:
+        # A damaged newer manifest may name the versions that look skipped: committing them
+        # empty would replace a micro-batch's state with its predecessor's.
         return None
     if newest == 0:
         return None if spec.initial is not None else 0
