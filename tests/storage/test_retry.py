@@ -304,6 +304,22 @@ def test_object_store_retries_only_transient_statuses(
     assert "SUPERSECRET123" not in str(info.value) + caplog.text
 
 
+def test_a_listing_cut_short_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review behind a proxy that cut bodies short: an unparsable listing was a
+    permanent error, and a task with one attempt (local[N]) stopped the query."""
+    server = StatusServer(200, b"<?xml version='1.0'?><ListBucketResult><Contents><Key>a/b")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(TransientStorageError, match="invalid list response"):
+            object_store(server.endpoint, monkeypatch).list("a/")
+        assert server.requests == 3
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
 # -- why these retries and not obstore's RetryConfig ---------------------------------------------
 
 

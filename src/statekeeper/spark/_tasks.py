@@ -159,10 +159,10 @@ def _acquire(spec: TaskSpec, ctx: TaskIdentity) -> Lease:
     another query, or of none (the store API), is refused as before: the query's
     checkpointLocation and the state root disagree. So is a gap after version 0 while an
     initial state waits for micro-batch 0 (it would be lost), and one a newer manifest that
-    failed its checks may cover (the version would replace the one it names). Any other gap after version 0
-    is filled: nothing tells a query whose first micro-batches had no input from an old
-    checkpointLocation pointed at a new, empty root, which therefore starts from empty
-    state (the WARNING says so) instead of failing.
+    failed its checks may cover (the version would replace the one it names). Any other
+    gap after version 0 is filled: nothing tells a query whose first micro-batches had no
+    input from an old checkpointLocation pointed at a new, empty root, which therefore
+    starts from empty state (the WARNING says so) instead of failing.
 
     Raises:
         StateNotFoundError: version ``b`` is missing, and not for skipped micro-batches.

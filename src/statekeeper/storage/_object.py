@@ -82,7 +82,10 @@ _LIST_CHUNK = 1000
 _TRANSIENT = re.compile(
     r"status code: (5\d\d|429)\b|slowdown|throttl|requesttimeout|serviceunavailable"
     r"|internalerror|timed out|timeout|error sending request"
-    r"|connection (reset|refused|closed|aborted)|broken pipe|body error|dns error",
+    r"|connection (reset|refused|closed|aborted)|broken pipe|body error|dns error"
+    # A listing cut short on the way: seen behind a proxy, and one failed read stopped a
+    # query whose task had a single attempt.
+    r"|invalid list response",
     re.IGNORECASE,
 )
 _UNKNOWN_KEY = re.compile(r"key: '([^']*)'")
