@@ -5,7 +5,9 @@ restart, more batches; the state equals a batch groupBy of all input."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -32,21 +34,32 @@ pytestmark = pytest.mark.spark
 NAME = "counts"
 
 
-def test_repartition_4_to_7_to_3_between_runs_of_a_query(
-    spark: SparkSession, tmp_path: Path
-) -> None:
+def _runner(
+    spark: SparkSession, tmp_path: Path, data: list[Any], snapshot_every: int | None = None
+) -> Callable[[int, int], None]:
+    """``run(partitions, first_file)``: add three input files, run the query over them
+    (one checkpoint, sink and root under ``tmp_path``) and wait for its last manifest."""
     inp, root = tmp_path / "in", str(tmp_path / "state")
-    sink, ckpt = tmp_path / "sink", tmp_path / "ckpt"
-    data = make_input(seed=16, files=9, rows=40, keys=40)
+    extra = {} if snapshot_every is None else {"snapshot_every": snapshot_every}
+    config = StoreConfig(local_dir=str(tmp_path / "local"), **extra)
 
     def run(partitions: int, first_file: int) -> None:
         write_files(inp, data[first_file : first_file + 3], start=first_file)
         out = transform_with_state(
             read_stream(spark, inp), "k", RunningCountSum(), OUTPUT_SCHEMA, root, NAME,
-            partitions, config=StoreConfig(local_dir=str(tmp_path / "local"), snapshot_every=2),
+            partitions, config=config,
         )  # fmt: skip
-        query = run_to_end(out, sink, ckpt)
+        query = run_to_end(out, tmp_path / "sink", tmp_path / "ckpt")
         wait_for_epoch(spark, query, first_file + 2)
+
+    return run
+
+
+def test_repartition_4_to_7_to_3_between_runs_of_a_query(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    inp, root, sink = tmp_path / "in", str(tmp_path / "state"), tmp_path / "sink"
+    run = _runner(spark, tmp_path, make_input(seed=16, files=9, rows=40, keys=40), snapshot_every=2)
 
     run(4, 0)
     report = repartition(root, NAME, partitions=7, work_dir=str(tmp_path))
@@ -77,18 +90,8 @@ def test_a_query_whose_last_epoch_manifest_is_missing_goes_on_at_the_version_nam
     The rescale started the new stores at 2, and the restarted query, whose micro-batch 3
     needs version 3, failed on every restart. Now the rescale asks which version, and the
     query goes on at the one named."""
-    inp, root = tmp_path / "in", str(tmp_path / "state")
-    sink, ckpt = tmp_path / "sink", tmp_path / "ckpt"
-    data = make_input(seed=17, files=6, rows=40, keys=40)
-
-    def run(partitions: int, first_file: int) -> None:
-        write_files(inp, data[first_file : first_file + 3], start=first_file)
-        out = transform_with_state(
-            read_stream(spark, inp), "k", RunningCountSum(), OUTPUT_SCHEMA, root, NAME,
-            partitions, config=StoreConfig(local_dir=str(tmp_path / "local")),
-        )  # fmt: skip
-        query = run_to_end(out, sink, ckpt)
-        wait_for_epoch(spark, query, first_file + 2)
+    inp, root, sink = tmp_path / "in", str(tmp_path / "state"), tmp_path / "sink"
+    run = _runner(spark, tmp_path, make_input(seed=17, files=6, rows=40, keys=40))
 
     run(4, 0)
     (last,) = (tmp_path / "state" / "_epochs").glob("*/*2.json")
