@@ -261,6 +261,7 @@ class WorkingCopy:
 
         Raises:
             DamagedCopyError: RocksDB failed the read.
+            StateKeeperError: the process is out of file handles (not damage).
         """
         self.wait()
         try:
@@ -274,6 +275,7 @@ class WorkingCopy:
 
         Raises:
             DamagedCopyError: RocksDB failed the read.
+            StateKeeperError: the process is out of file handles (not damage).
         """
         self.wait()
         if not keys:
@@ -328,8 +330,9 @@ class WorkingCopy:
 
         Raises:
             DamagedCopyError: RocksDB failed the read (never a silently shorter scan).
-            StateKeeperError: the copy was closed before the scan ended (not damage: the
-                folder may hold another copy by now).
+            StateKeeperError: the process is out of file handles, or the copy was closed
+                before the scan ended (neither is damage: the folder may hold another copy
+                by now).
         """
         self.wait()
         try:
@@ -372,6 +375,7 @@ class WorkingCopy:
 
         Raises:
             DamagedCopyError: reading the old values failed.
+            StateKeeperError: the process is out of file handles (not damage).
             StateKeeperError: RocksDB failed the write; the copy keeps its previous version.
         """
         self.wait()
@@ -467,6 +471,7 @@ class WorkingCopy:
 
         Raises:
             DamagedCopyError: reading the label failed.
+            StateKeeperError: the process is out of file handles (not damage).
             StateKeeperError: RocksDB failed the write; the copy is unchanged.
         """
         self.wait()
