@@ -16,6 +16,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from statekeeper import StoreConfig
+from statekeeper.epochs import latest_manifest
+from statekeeper.repartition import repartition
 from statekeeper.spark import (
     batch_metrics,
     decode_key,
@@ -24,6 +26,7 @@ from statekeeper.spark import (
     transform_with_state,
     transform_with_state_arrow,
 )
+from statekeeper.storage import open_blob_store
 from tests.spark.conftest import SparkHolder
 from tests.spark.connect_server import ConnectServer, start_connect_server
 from tests.spark.helpers import (
@@ -125,8 +128,36 @@ def test_a_query_restarts_and_reads_state_and_metrics_through_connect(
     assert sum(m.rows_in for m in metrics if m) == 4 * 20
     assert metrics[2] is not None
     assert metrics[2].stores_restored == PARTITIONS
-    with pytest.raises(TypeError, match="batch_metrics"):
-        state_listener(spark)
+
+
+def test_a_client_that_opts_in_to_the_listener_writes_epoch_manifests(
+    clients: Callable[[], SparkSession], tmp_path: Path
+) -> None:
+    """A root written only from Spark Connect has no epoch manifests: nothing tells whether
+    its last micro-batch finished, so a repartition asks which version to use. A client
+    that opts in to ``state_listener`` writes them, as a classic driver does, and gets the
+    batches' metrics."""
+    spark = clients()
+    listener = state_listener(spark)
+    assert state_listener(spark) is listener
+    try:
+        inp, root = tmp_path / "in", str(tmp_path / "state")
+        write_files(inp, make_input(seed=23, files=2, rows=20, keys=6))
+        out = transform_with_state(
+            read_stream(spark, inp), ["k"], RunningCountSum(), OUTPUT_SCHEMA, root, "counts",
+            PARTITIONS, config=StoreConfig(local_dir=str(tmp_path / "local")),
+        )  # fmt: skip
+        query_id = str(run_to_end(out, tmp_path / "out", tmp_path / "ck").id)
+        (last,) = listener.wait_for(query_id, 1)
+        listener.flush()
+        assert (last.version, last.partitions_committed) == (2, PARTITIONS)
+        manifest = latest_manifest(open_blob_store(root), "counts")
+        assert manifest is not None
+        assert (manifest.query_id, manifest.epoch) == (query_id, 1)
+        report = repartition(root, "counts", partitions=2, work_dir=str(tmp_path / "work"))
+        assert report.version == 2
+    finally:
+        spark.streams.removeListener(listener)
 
 
 def test_the_vectorized_form_runs_through_connect(

@@ -23,7 +23,8 @@ Micro-batch ``b`` loads state version ``b`` and commits ``b + 1``; re-running a 
 idempotent. Every task writes a small report into the root; :func:`batch_metrics` turns a
 micro-batch's reports into metrics (also on Spark Connect). On classic sessions
 :func:`state_listener` also logs them (logger ``statekeeper.spark``), keeps them and writes
-epoch manifests to ``_epochs/`` in the root.
+epoch manifests to ``_epochs/`` in the root; a Spark Connect client opts in to it by calling
+it before building its queries.
 
 The processor-facing names (processor, handles, codecs, key tuples) live in
 :mod:`statekeeper.keyed`, which needs no pyspark, and are re-exported here.

@@ -22,7 +22,7 @@ from statekeeper import layout
 from statekeeper.config import StoreConfig
 from statekeeper.keyed import ChangeDecoder, OperatorRecord
 from statekeeper.spark._cache import worker_root
-from statekeeper.spark._listener import state_listener
+from statekeeper.spark._listener import listener_of
 from statekeeper.spark._read import (
     PartitionRead,
     as_json,
@@ -125,7 +125,7 @@ def read_state_changes(
     layout.validate_version(from_version)
     if to_version is not None:
         layout.validate_version(to_version)
-    listener = state_listener(spark) if isinstance(spark, SparkSession) else None
+    listener = listener_of(spark)
     with tempfile.TemporaryDirectory(prefix="statekeeper-changes-") as tmp:
         backend = StateBackend(
             checkpoint, config=StoreConfig(local_dir=tmp), storage_options=storage_options

@@ -30,7 +30,7 @@ from statekeeper.spark._metrics import BatchMetrics, aggregate
 from statekeeper.storage import BlobStore
 from statekeeper.store import StateBackend
 
-__all__ = ["StateListener", "register_operator", "state_listener"]
+__all__ = ["StateListener", "listener_of", "register_operator", "state_listener"]
 
 _log = logging.getLogger("statekeeper.spark")
 _HISTORY = 1000
@@ -212,34 +212,34 @@ def _log_failure(future: Future[None]) -> None:
         _log.error("statekeeper could not process a micro-batch", exc_info=error)
 
 
-_listeners: dict[int, tuple[SparkSession, StateListener]] = {}
+_listeners: dict[int, tuple[Any, StateListener]] = {}
 _listeners_lock = threading.Lock()
 
 
 def _is_classic(spark: object) -> bool:
-    # Spark Connect's session is another class; listeners run on the driver only here.
+    # Spark Connect's session is another class; its listeners run in the client.
     return isinstance(spark, SparkSession)
 
 
-def state_listener(spark: SparkSession) -> StateListener:
-    """The statekeeper listener of a classic session (added to ``spark.streams`` on first use).
+def state_listener(spark: Any) -> StateListener:
+    """The statekeeper listener of ``spark`` (added to ``spark.streams`` on first use).
 
-    On Spark Connect read metrics with :func:`batch_metrics` instead.
-
-    Raises:
-        TypeError: ``spark`` is a Spark Connect session (its listeners do not run here).
+    A classic session gets one implicitly, with its first statekeeper operator. On Spark
+    Connect it is opt-in: call this before building the queries it should follow. It runs
+    in this client, which reads the task reports from the root and writes the epoch
+    manifests that tell ``read_state`` and ``statekeeper repartition`` which micro-batch a
+    query finished (without them the newest version every partition has is read, and a
+    repartition may ask which version to use). Spark Connect's listener thread keeps the
+    client process alive until ``spark.streams.removeListener(listener)`` or
+    ``spark.stop()``. Without it, read metrics with :func:`batch_metrics`.
     """
-    if not _is_classic(spark):
-        raise TypeError(
-            "state_listener needs a classic SparkSession; on Spark Connect use "
-            "statekeeper.spark.batch_metrics(checkpoint, name, batch_id), which reads the "
-            "task reports from the checkpoint root"
-        )
     with _listeners_lock:
-        for key, (session, old) in list(_listeners.items()):
-            if session.sparkContext is not spark.sparkContext:  # an earlier, stopped context
-                old.close()
-                del _listeners[key]
+        if _is_classic(spark):
+            for key, (session, old) in list(_listeners.items()):
+                # An earlier, stopped context's listener.
+                if _is_classic(session) and session.sparkContext is not spark.sparkContext:
+                    old.close()
+                    del _listeners[key]
         found = _listeners.get(id(spark))
         if found is not None and found[0] is spark:
             return found[1]
@@ -249,9 +249,21 @@ def state_listener(spark: SparkSession) -> StateListener:
         return listener
 
 
-def register_operator(spark: Any, blobs: BlobStore, name: str, partitions: int) -> None:
-    """Tell ``spark``'s listener about an operator; on Spark Connect just close ``blobs``."""
+def listener_of(spark: Any) -> StateListener | None:
+    """``spark``'s statekeeper listener: a classic session's (made if need be), or the one a
+    Spark Connect client opted in to (``None`` if it did not)."""
     if _is_classic(spark):
-        state_listener(spark).register(blobs, name, partitions)
+        return state_listener(spark)
+    with _listeners_lock:
+        found = _listeners.get(id(spark))
+    return found[1] if found is not None and found[0] is spark else None
+
+
+def register_operator(spark: Any, blobs: BlobStore, name: str, partitions: int) -> None:
+    """Tell ``spark``'s listener about an operator; without one (a Spark Connect client that
+    did not opt in) just close ``blobs``."""
+    listener = listener_of(spark)
+    if listener is not None:
+        listener.register(blobs, name, partitions)
     else:
         blobs.close()

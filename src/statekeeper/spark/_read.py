@@ -46,7 +46,7 @@ from statekeeper.keyed import (
 from statekeeper.keyed.output import rows_to_batch
 from statekeeper.reports import read_reports
 from statekeeper.spark._cache import worker_config, worker_root
-from statekeeper.spark._listener import StateListener, state_listener
+from statekeeper.spark._listener import StateListener, listener_of
 from statekeeper.spark._transform import _arrow_schema
 from statekeeper.store import StateBackend, StateStore
 
@@ -134,7 +134,7 @@ def read_state(
             that runs the tasks, if found there).
         StorageError: the root cannot be read.
     """
-    listener = state_listener(spark) if isinstance(spark, SparkSession) else None
+    listener = listener_of(spark)
     spec, schema = _plan(spark, checkpoint, name, version, storage_options, allow_pickle, listener)
     return read_on_executors(spark, spec, schema)
 
