@@ -489,6 +489,10 @@ def test_a_cut_that_cannot_tell_where_the_query_goes_on_asks_for_the_version(
         repartition(root, OP, partitions=3, config=config(tmp_path, "r"))
     with pytest.raises(sk.ConfigMismatchError, match="expected a version from 1 to 3"):
         repartition(root, OP, partitions=3, version=4, config=config(tmp_path, "r"))
+    with pytest.raises(sk.ConfigMismatchError, match=r"\(.*so 2 or 3\): new stores at it"):
+        repartition(root, OP, partitions=3, version=1, config=config(tmp_path, "r"))
+    copy = repartition(root, OP, partitions=3, to="copy", version=1, config=config(tmp_path, "c"))
+    assert copy.version == 1  # another operator: any retained version
     earlier = repartition(
         root, OP, partitions=3, to="older", version=2, config=config(tmp_path, "o")
     )

@@ -189,7 +189,8 @@ def repartition(
             statekeeper 0.1), already has that partition count, its partitions are not at
             one version, the cut cannot tell the version a restarted query goes on at (the
             message says how to choose ``version``), ``version`` is above a partition's
-            newest, or ``to`` exists.
+            newest or (without ``to``) not one a restarted query can go on at, or ``to``
+            exists.
         CommitConflictError: a query started on the operator during the repartition
             (nothing was changed).
         StateNotFoundError, CorruptStateError, StorageError: restoring an old store failed.
@@ -354,6 +355,15 @@ def _ambiguous(named: bool, latest: list[int], history: Callable[[int], StoreHis
     return False
 
 
+def _restart_versions(latest: list[int]) -> set[int]:
+    """The versions a query restarted on stores at ``latest`` may load: with all at one
+    ``v``, ``v`` (its last batch finished) or ``v - 1`` (it failed after its commits); else
+    the oldest (the newest batch failed half way)."""
+    if len(set(latest)) == 1:
+        return {v for v in (latest[0], latest[0] - 1) if v >= 1}
+    return {min(latest)}
+
+
 def _refuse(message: str) -> ConfigMismatchError:
     return ConfigMismatchError(message)
 
@@ -433,6 +443,14 @@ class _Job:
                 f"version {version} of operator {operator!r} cannot be repartitioned: its "
                 f"partitions' newest versions are {latest}; expected a version from 1 to "
                 f"{min(latest)}"
+            )
+        elif to is None and version not in _restart_versions(latest):
+            raise _refuse(
+                f"version {version} of operator {operator!r} is not one a restarted query "
+                f"can go on at (its partitions' newest versions are {latest}, so "
+                f"{' or '.join(map(str, sorted(_restart_versions(latest))))}): new stores "
+                "at it would stop the query for good. To copy another version, pass --to "
+                "NEW_OPERATOR (to=...)"
             )
         return cls(backend, cfg, operator, target, old, partitions, groups, version, latest)
 

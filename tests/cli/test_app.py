@@ -213,9 +213,14 @@ def test_a_streamed_json_list_is_written_while_it_is_produced(
                 seen.append(capsys.readouterr().out)  # what was written by then
             yield {"i": i}
 
+    deep: list[Any] = []
+    for _ in range(700):
+        deep = [deep]
+
     def parts() -> Iterator[dict[str, Any]]:
         yield {"partition": 0, "items": items(), "more": lambda: len(seen)}
-        yield {"partition": 1, "items": iter([]), "nested": {"at": {"end": lambda: "x"}}}
+        yield {"partition": 1, "items": iter([]), "nested": {"at": {"end": [1.5, None]}}}
+        yield {"deep": deep}  # an item's own values are json's to walk, however deep
 
     Env(json=True).emit_json({"root": "r", "parts": parts(), "empty": {}, "n": {1: None}})
     rest = capsys.readouterr().out
@@ -224,7 +229,8 @@ def test_a_streamed_json_list_is_written_while_it_is_produced(
         "root": "r",
         "parts": [
             {"partition": 0, "items": [{"i": i} for i in range(2500)], "more": 1},
-            {"partition": 1, "items": [], "nested": {"at": {"end": "x"}}},
+            {"partition": 1, "items": [], "nested": {"at": {"end": [1.5, None]}}},
+            {"deep": deep},
         ],
         "empty": {},
         "n": {1: None},

@@ -726,3 +726,28 @@ def test_a_worker_under_a_low_open_file_limit_closes_idle_stores_before_opening_
     stores, held, limit = map(int, child.stdout.split())
     assert 0 < stores < 60  # some were closed, and the rest kept for their next task
     assert held <= limit
+
+
+_NO_FILES_LEFT_CHILD = """
+import os, resource
+from statekeeper.spark._cache import _under_file_pressure
+held = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (held + 20, held + 20))
+opened = []
+try:
+    while True:
+        opened.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+print(_under_file_pressure())
+"""
+
+
+def test_a_worker_with_no_file_handle_left_is_under_pressure() -> None:
+    """Found by review: listing the open handles takes one, so at the limit the listing
+    failed and the check said "no pressure", in exactly the case it is for."""
+    child = subprocess.run(
+        [sys.executable, "-c", _NO_FILES_LEFT_CHILD], capture_output=True, text=True, timeout=60
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == "True"

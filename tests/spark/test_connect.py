@@ -26,6 +26,7 @@ from statekeeper.spark import (
     transform_with_state,
     transform_with_state_arrow,
 )
+from statekeeper.spark._listener import listener_of
 from statekeeper.storage import open_blob_store
 from tests.spark.conftest import SparkHolder
 from tests.spark.connect_server import ConnectServer, start_connect_server
@@ -158,6 +159,13 @@ def test_a_client_that_opts_in_to_the_listener_writes_epoch_manifests(
         assert report.version == 2
     finally:
         spark.streams.removeListener(listener)
+    spark.stop()
+    later = clients()
+    try:  # a stopped session's listener is let go (its session, pool and blob stores)
+        assert state_listener(later) is not listener
+        assert listener_of(spark) is None
+    finally:
+        later.streams.removeListener(state_listener(later))
 
 
 def test_the_vectorized_form_runs_through_connect(

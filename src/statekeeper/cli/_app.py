@@ -93,7 +93,9 @@ class Env:
         writing as it goes: a list given as an iterator is written a chunk of items at a
         time and never held whole (``inspect``/``diff --limit 0`` of millions of keys), and
         a value given as a function is computed when its turn comes (a flag that the items
-        before it decide)."""
+        before it decide). Iterators and functions count as such among the values of the
+        document (a dict) and of the dicts a streamed list yields; deeper, they are not
+        looked for."""
         writer = _JsonWriter()
         writer.write(document, "")
         writer.flush("\n")
@@ -275,17 +277,24 @@ _FLUSH_ITEMS = 1000
 
 
 def _lazy(value: object) -> bool:
-    """Whether ``value`` is, or holds, what is written as it comes: an iterator or a
-    function."""
+    """Whether ``value`` is written piece by piece: an iterator or a function, or a dict,
+    list or tuple that holds one directly. Only that deep (a document's values, or those of
+    a dict a streamed list yields), so that an item's own values, however large or deeply
+    nested, cost no walk and reach ``json`` whole."""
+    kind = type(value)
+    if kind is dict:
+        return any(map(_deferred, value.values()))  # type: ignore[attr-defined]
+    if kind is list or kind is tuple:
+        return any(map(_deferred, value))  # type: ignore[call-overload]
+    return _deferred(value)
+
+
+def _deferred(value: object) -> bool:
     kind = type(value)
     if value is None or kind in _PLAIN:  # the common case, without an ABC check
         return False
-    if kind is dict:
-        return any(map(_lazy, value.values()))  # type: ignore[attr-defined]
-    if kind is list or kind is tuple:
-        return any(map(_lazy, value))  # type: ignore[call-overload]
     return callable(value) or isinstance(value, Iterator)
 
 
-_PLAIN = frozenset({str, int, float, bool, bytes})
+_PLAIN = frozenset({str, int, float, bool, bytes, dict, list, tuple})
 _ENCODER = json.JSONEncoder(indent=2, default=str)

@@ -48,6 +48,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import errno
 import logging
 import math
 import os
@@ -574,7 +575,9 @@ def _under_file_pressure() -> bool:
     for folder in _FD_FOLDERS:
         try:
             held = len(os.listdir(folder))
-        except OSError:
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                return True  # listing takes a handle: none is left
             continue
         return held > soft * _FILE_PRESSURE
     return False
@@ -585,15 +588,21 @@ def _raise_file_limit() -> None:
     itself: a worker holding many stores needs the handles, and only the hard limit is a
     policy (a failure leaves the limit as it was)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = _MAX_FILES if hard == resource.RLIM_INFINITY else min(hard, _MAX_FILES)
-    if soft != resource.RLIM_INFINITY and soft < wanted:
+    if soft == resource.RLIM_INFINITY:
+        return
+    for wanted in _FILE_LIMITS:  # an unlimited hard limit still has the kernel's cap
+        wanted = wanted if hard == resource.RLIM_INFINITY else min(hard, wanted)
+        if soft >= wanted:
+            return
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            return
         except (ValueError, OSError) as exc:
             _log.debug("could not raise the open-file limit from %s to %s: %s", soft, wanted, exc)
 
 
-_MAX_FILES = 1 << 20
+_FILE_LIMITS = (1 << 20, 10240)
+"""Soft limits tried in turn: Linux's usual cap, then macOS's ``OPEN_MAX``."""
 
 
 def worker_root(checkpoint: str, backend: StateBackend) -> str:

@@ -234,12 +234,10 @@ def state_listener(spark: Any) -> StateListener:
     ``spark.stop()``. Without it, read metrics with :func:`batch_metrics`.
     """
     with _listeners_lock:
-        if _is_classic(spark):
-            for key, (session, old) in list(_listeners.items()):
-                # An earlier, stopped context's listener.
-                if _is_classic(session) and session.sparkContext is not spark.sparkContext:
-                    old.close()
-                    del _listeners[key]
+        for key, (session, old) in list(_listeners.items()):
+            if _stopped(session, spark):
+                old.close()
+                del _listeners[key]
         found = _listeners.get(id(spark))
         if found is not None and found[0] is spark:
             return found[1]
@@ -247,6 +245,14 @@ def state_listener(spark: Any) -> StateListener:
         spark.streams.addListener(listener)
         _listeners[id(spark)] = (spark, listener)
         return listener
+
+
+def _stopped(session: Any, current: Any) -> bool:
+    """Whether the listener of ``session`` belongs to a session that is gone: a Spark
+    Connect session that was stopped, or a classic one of an earlier, stopped context."""
+    if not _is_classic(session):
+        return bool(session.is_stopped)
+    return _is_classic(current) and session.sparkContext is not current.sparkContext
 
 
 def listener_of(spark: Any) -> StateListener | None:
