@@ -435,7 +435,7 @@ class _Job:
         histories = functools.cache(
             lambda p: StoreHistory.load(blobs, operator, p, root_id=meta.root_id)
         )
-        latest = latest_versions(blobs, meta.root_id, operator, old)
+        latest = latest_versions(blobs, meta.root_id, operator, old, history=histories)
         if version is None:
             version = _cut_version(blobs, operator, old, histories, latest)
         elif version < 1 or version > min(latest):

@@ -19,6 +19,7 @@ problems.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -341,32 +342,24 @@ class _StoreCheck:
                 raise StateNotFoundError(f"changelog {key} is missing")
             expected = (version, identity)
             legacy = attempt == LEGACY_ATTEMPT
+            read = functools.partial(self.blobs.get_range, key)
             end = 0
             if self.deep:  # a part at a time: memory is one part's, not the whole blob's
                 for part in read_changelog(
-                    lambda start, length: self.blobs.get_range(key, start, length),
-                    blob=key, expected=expected, anonymous_ok=legacy,
+                    read, blob=key, expected=expected, anonymous_ok=legacy
                 ):  # fmt: skip
                     end = part.offset + part.length
                     self.report.bytes_checked += part.length
-                if end != self.metas[key].size:
-                    raise CorruptStateError(
-                        f"changelog {key} is not valid: its parts end at byte {end:,}, the "
-                        f"blob holds {self.metas[key].size:,}"
+            else:  # each part's header: a changelog may have several
+                for start, header in part_headers(read, blob=key):
+                    check_identity(
+                        header, blob=key, version=version, expected=identity, anonymous_ok=legacy
                     )
-                return True
-            # a changelog of several parts: each part's header is checked
-            for start, header in part_headers(
-                lambda start, length: self.blobs.get_range(key, start, length), blob=key
-            ):
-                check_identity(
-                    header, blob=key, version=version, expected=identity, anonymous_ok=legacy
-                )
-                end = start + header.blob_length
+                    end = start + header.blob_length
             if end != self.metas[key].size:
                 raise CorruptStateError(
-                    f"changelog {key} is not valid: expected {end:,} bytes from its part "
-                    f"headers, found {self.metas[key].size:,}"
+                    f"changelog {key} is not valid: its parts end at byte {end:,}, the blob "
+                    f"holds {self.metas[key].size:,}"
                 )
         except StateNotFoundError as exc:
             self.problem(key, "missing", f"store {self.store}: {exc}")

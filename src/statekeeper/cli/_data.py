@@ -16,13 +16,12 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from statekeeper.cli._app import Env, UsageFailure, cli, env_of, output_options
 from statekeeper.cli._open import Root, open_root, root_arguments
 from statekeeper.cli._progress import Bars
-from statekeeper.cli._render import human_bytes, show_bytes, shown, shown_key
+from statekeeper.cli._render import human_bytes, print_tables, show_bytes, shown, shown_key
 from statekeeper.errors import StateKeeperError
 from statekeeper.keyed import StateDecoder, iter_timers, jsonable, read_operator_record
 from statekeeper.store import ExportInfo, StateStore
@@ -235,39 +234,23 @@ def _inspect_timers(env: Env, store: StateStore, uri: str, limit: int) -> None:
             return
         where = f"{head['operator']}/{head['partition']} at version {head['version']}"
         env.console.print(Text(f"{where}:"))
-        count = 0
-        while chunk := list(itertools.islice(found, _TABLE_ROWS)):
-            table = Table("key", "fires at (ms)", "fires at (UTC)", show_header=not count)
-            for t in chunk:
-                when = dt.datetime.fromtimestamp(t["expiry_ms"] / 1000, dt.UTC).isoformat()
-                key = Text(json.dumps(t["key"], ensure_ascii=False))
-                table.add_row(key, str(t["expiry_ms"]), when)
-            env.console.print(table)
-            count += len(chunk)
-        env.console.print(Text(f"{count} timers"))
+        columns = ("key", "fires at (ms)", "fires at (UTC)")
+        print_tables(env.console, columns, map(_timer_row, found), "timers")
     if truncated:
         env.console.print("more timers follow: raise --limit (0 shows all)")
 
 
-_TABLE_ROWS = 1000
-"""Items per printed table: a long listing is printed as it is read, never held whole."""
+def _timer_row(timer: dict[str, Any]) -> tuple[Text, str, str]:
+    when = dt.datetime.fromtimestamp(timer["expiry_ms"] / 1000, dt.UTC).isoformat()
+    return Text(json.dumps(timer["key"], ensure_ascii=False)), str(timer["expiry_ms"]), when
 
 
-def _print_items(console: Console, head: dict[str, Any], items: Iterator[dict[str, Any]]) -> int:
-    """Print ``items`` as tables of at most ``_TABLE_ROWS`` rows; returns how many."""
+def _print_items(console: Console, head: dict[str, Any], items: Iterator[dict[str, Any]]) -> None:
+    """Print ``items`` as tables (:func:`print_tables`)."""
     where = f"{head['operator']}/{head['partition']} at version {head['version']}"
     console.print(Text(f"{where}:"))
-    count = 0
-    while chunk := list(itertools.islice(items, _TABLE_ROWS)):
-        table = Table("key", "value", show_lines=False, show_header=not count)
-        for column in table.columns:
-            column.overflow = "fold"
-        for item in chunk:
-            table.add_row(shown_key(item), shown(item["value"], item["value_format"]))
-        console.print(table)
-        count += len(chunk)
-    console.print(Text(f"{count} items"))
-    return count
+    rows = ((shown_key(i), shown(i["value"], i["value_format"])) for i in items)
+    print_tables(console, ("key", "value"), rows, "items")
 
 
 @cli.command()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from rich.console import Console, RenderableType
+from rich.table import Table
 from rich.text import Text
 
 __all__ = [
@@ -14,6 +17,7 @@ __all__ = [
     "bucket",
     "human_bytes",
     "percentile",
+    "print_tables",
     "show_bytes",
     "shown",
     "shown_key",
@@ -125,3 +129,24 @@ def shown(value: object, fmt: str) -> Text:
     if fmt == "decoded" and not isinstance(value, str):
         return Text(json.dumps(value, ensure_ascii=False))
     return Text(str(value))
+
+
+def print_tables(
+    console: Console, columns: Sequence[str], rows: Iterator[Sequence[RenderableType]], what: str
+) -> None:
+    """Print ``rows`` as tables of at most :data:`TABLE_ROWS` rows (the header on the first
+    only), then how many there were (``"<n> <what>"``): a long listing is printed as it is
+    read, never held whole."""
+    count = 0
+    while chunk := list(itertools.islice(rows, TABLE_ROWS)):
+        table = Table(*columns, show_header=not count)
+        for column in table.columns:
+            column.overflow = "fold"
+        for row in chunk:
+            table.add_row(*row)
+        console.print(table)
+        count += len(chunk)
+    console.print(Text(f"{count} {what}"))
+
+
+TABLE_ROWS = 1000

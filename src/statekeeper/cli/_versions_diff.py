@@ -9,19 +9,17 @@ are decoded as ``read_state_changes`` decodes them (bookkeeping hidden) unless `
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from statekeeper.cli._app import UsageFailure, cli, env_of, output_options
 from statekeeper.cli._open import Root, open_root, root_arguments
 from statekeeper.cli._progress import Bars
-from statekeeper.cli._render import show_bytes, shown, shown_key
+from statekeeper.cli._render import print_tables, show_bytes, shown, shown_key
 from statekeeper.errors import StateNotFoundError
 from statekeeper.keyed import ChangeDecoder, jsonable, read_operator_record
 from statekeeper.store import StoreChange, StoreChanges
@@ -233,7 +231,7 @@ def _head(feed: StoreChanges) -> dict[str, Any]:
 
 
 def _print(console: Console, operator: str, part: dict[str, Any]) -> None:
-    """Print one partition's changes as tables of at most ``_TABLE_ROWS`` rows."""
+    """Print one partition's changes as tables (:func:`print_tables`)."""
     console.print(
         Text(f"{operator}/{part['partition']} from version {part['from']} to {part['to']}:")
     )
@@ -246,19 +244,8 @@ def _print(console: Console, operator: str, part: dict[str, Any]) -> None:
                     f"versions {s['from']} and {s['to']}, labelled {s['to']}"
                 )
             )
-    count = 0
-    while chunk := list(itertools.islice(part["changes"], _TABLE_ROWS)):
-        table = Table("version", "op", "key", "value", show_header=not count)
-        for column in table.columns:
-            column.overflow = "fold"
-        for item in chunk:
-            table.add_row(str(item["version"]), item["operation"], shown_key(item), _value(item))
-        console.print(table)
-        count += len(chunk)
-    console.print(Text(f"{count} changes"))
-
-
-_TABLE_ROWS = 1000
+    rows = ((str(i["version"]), i["operation"], shown_key(i), _value(i)) for i in part["changes"])
+    print_tables(console, ("version", "op", "key", "value"), rows, "changes")
 
 
 def _value(item: dict[str, Any]) -> Text:

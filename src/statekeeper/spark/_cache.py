@@ -353,14 +353,7 @@ class StoreCache:
         with self._mutex:
             idle = sorted((e for e in self._entries.values() if not e.busy), key=_idle_since)
             doomed = idle[: max(1, len(self._entries) // 4)]
-            for entry in doomed:
-                del self._entries[entry.key]
-        threads = [
-            threading.Thread(target=_shutdown_logged, args=(e,), name="statekeeper-files")
-            for e in doomed
-        ]
-        for thread in threads:
-            thread.start()
+            threads = self._close_taken_out(doomed)
         for thread in threads:
             thread.join()
         if doomed:
@@ -368,6 +361,22 @@ class StoreCache:
                 "closed %s idle stores: this process holds over %d%% of its open-file limit",
                 len(doomed), int(_FILE_PRESSURE * 100),
             )  # fmt: skip
+
+    def _close_taken_out(self, doomed: list[_Entry]) -> list[threading.Thread]:
+        """Take ``doomed`` (idle stores) out of the cache and close each on a thread of its
+        own (a store waiting for its snapshot upload must not hold up another); returns the
+        threads. Called holding the mutex, so :meth:`close_all` never misses a close."""
+        for entry in doomed:
+            del self._entries[entry.key]
+        threads = [
+            threading.Thread(target=_shutdown_logged, args=(e,), name="statekeeper-close")
+            for e in doomed
+        ]
+        if threads:
+            self._closing = [t for t in self._closing if t.is_alive()] + threads
+            for thread in threads:
+                thread.start()
+        return threads
 
     def _evict(self, entry: _Entry, *, logged: bool = False) -> None:
         with self._mutex:
@@ -445,16 +454,7 @@ class StoreCache:
                          default=0)  # fmt: skip
             over = keep[: max(0, len(self._entries) - len(doomed) - budget)]  # LRU first
             doomed += over
-            for entry in doomed:
-                del self._entries[entry.key]
-            threads = [
-                threading.Thread(target=_shutdown_logged, args=(e,), name="statekeeper-handover")
-                for e in doomed
-            ]
-            if threads:
-                self._closing = [t for t in self._closing if t.is_alive()] + threads
-                for thread in threads:
-                    thread.start()
+            self._close_taken_out(doomed)
         if over:
             _log.debug("closing %s idle stores beyond max_open_stores=%s", len(over), budget)
         kept = keep[len(over) :]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,17 +175,25 @@ def finish_pending_rescale(blobs: BlobStore, operator: str, *, io_threads: int) 
         complete_rescale(blobs, registry, meta, operator, io_threads=io_threads)
 
 
-def latest_versions(blobs: BlobStore, root_id: str, operator: str, partitions: int) -> list[int]:
-    """The newest committed version of each store of ``operator`` (0 for one without).
+def latest_versions(
+    blobs: BlobStore,
+    root_id: str,
+    operator: str,
+    partitions: int,
+    *,
+    history: Callable[[int], StoreHistory] | None = None,
+) -> list[int]:
+    """The newest committed version of each store of ``operator`` (0 for one without), from
+    ``history(partition)`` if given (histories the caller read already), else read now.
 
     Raises:
         CorruptStateError: no manifest of some store is readable.
         StorageError: the blob store failed.
     """
+    load = history or (lambda p: StoreHistory.load(blobs, operator, p, root_id=root_id))
     found = []
     for p in range(partitions):
-        history = StoreHistory.load(blobs, operator, p, root_id=root_id)
-        versions = history.restorable_versions()
+        versions = load(p).restorable_versions()
         found.append(versions[-1] if versions else 0)
     return found
 
