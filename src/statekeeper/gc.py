@@ -171,12 +171,16 @@ def collect_garbage(
     root_id: str = "",
     shared_from: Iterable[str] = (),
     updates: Mapping[tuple[str, int], ManifestUpdate] | None = None,
+    configs: Mapping[str, StoreConfig] | None = None,
 ) -> GcReport:
     """Collect garbage in every store of ``operators`` (or only the store ``only``).
 
     Args:
         blobs: the root's blob store.
         config: retention (``retain_versions``) and grace (``orphan_ttl_s``).
+        configs: per operator, the config to apply to its stores instead of ``config``.
+            What belongs to the whole root (epoch manifests, temporary files) gets the
+            most patient of them all: the longest history and the longest grace.
         operators: operator names to visit.
         dry_run: report what would be deleted, delete nothing.
         only: restrict the run to one (operator, partition).
@@ -205,9 +209,15 @@ def collect_garbage(
     elif now is None:
         now = gc_now(blobs, probe=False)  # a dry run writes no probe
     config = _clamped(config)
+    per_operator = {name: _clamped(c) for name, c in (configs or {}).items()}
+
+    def config_of(operator: str) -> StoreConfig:
+        return per_operator.get(operator, config)
+
+    root_wide = _most_patient([config, *per_operator.values()])
     report = GcReport(dry_run=dry_run)
     pins = pinned_versions(blobs)
-    shared = _shared_blobs(blobs, config, list(shared_from), root_id, now)
+    shared = _shared_blobs(blobs, config_of, list(shared_from), root_id, now)
     for operator in operators:
         for partition, metas in _store_blobs(blobs, operator, only).items():
             if budget_s is not None and time.monotonic() - started > budget_s:
@@ -216,8 +226,8 @@ def collect_garbage(
             is_busy = (operator, partition) in busy
             pin = pins.get((operator, partition))
             where = _Store(
-                blobs, config, operator, partition, root_id, now, dry_run, pin, shared,
-                updates.get((operator, partition)), latest,
+                blobs, config_of(operator), operator, partition, root_id, now, dry_run, pin,
+                shared, updates.get((operator, partition)), latest,
             )  # fmt: skip
             if any(layout.parse_manifest_key(m.key) is not None for m in metas):
                 store_report, doomed = _plan_manifest_store(where, metas, is_busy)
@@ -230,10 +240,10 @@ def collect_garbage(
     if only is None and not busy:
         # A temporary file may belong to a put still running in another process or thread:
         # however small the orphan TTL, it gets at least an hour.
-        older_than = max(config.orphan_ttl_s, _MIN_TEMP_AGE_S)
+        older_than = max(root_wide.orphan_ttl_s, _MIN_TEMP_AGE_S)
         report.incomplete_writes = blobs.sweep_incomplete(older_than, dry_run=dry_run)
         report.deleted_keys.extend(sweep_probes(blobs, now, dry_run=dry_run))
-        report.deleted_keys.extend(_expire_epochs(blobs, config, dry_run=dry_run))
+        report.deleted_keys.extend(_expire_epochs(blobs, root_wide, dry_run=dry_run))
         report.deleted_keys.extend(sweep_reports(blobs, dry_run=dry_run))
     report.duration_s = time.monotonic() - started
     _log.info(
@@ -254,6 +264,16 @@ def resumable_age_s(config: StoreConfig) -> float:
     gives it, less the :data:`MIN_ORPHAN_TTL_S` a fresh blob gets between its upload and its
     naming. Zero (never) at the least grace."""
     return max(config.orphan_ttl_s, MIN_ORPHAN_TTL_S) - MIN_ORPHAN_TTL_S
+
+
+def _most_patient(configs: list[StoreConfig]) -> StoreConfig:
+    """The first of ``configs`` with the largest ``retain_versions`` and ``orphan_ttl_s``
+    among them all."""
+    return dataclasses.replace(
+        configs[0],
+        retain_versions=max(c.retain_versions for c in configs),
+        orphan_ttl_s=max(c.orphan_ttl_s for c in configs),
+    )
 
 
 def _clamped(config: StoreConfig) -> StoreConfig:
@@ -536,11 +556,16 @@ def _file_keys(st: _Store, index: SnapshotIndex) -> set[str]:
 
 
 def _shared_blobs(
-    blobs: BlobStore, config: StoreConfig, operators: list[str], root_id: str, now: float
+    blobs: BlobStore,
+    config_of: Callable[[str], StoreConfig],
+    operators: list[str],
+    root_id: str,
+    now: float,
 ) -> frozenset[str]:
     """Keys of blobs held in one store that a snapshot of another store names, among the
     snapshots each store of ``operators`` retains or retired less than ``orphan_ttl_s`` ago
-    (an unreadable index is skipped: no restore can use it either).
+    (its operator's, ``config_of(operator)``; an unreadable index is skipped: no restore can
+    use it either).
 
     Raises:
         StorageError: a listing or read failed.
@@ -548,7 +573,7 @@ def _shared_blobs(
     shared: set[str] = set()
     for operator in operators:
         for partition, metas in _store_blobs(blobs, operator, None).items():
-            st = _Store(blobs, config, operator, partition, root_id, now, dry_run=True)
+            st = _Store(blobs, config_of(operator), operator, partition, root_id, now, dry_run=True)
             if not any(layout.parse_manifest_key(m.key) is not None for m in metas):
                 continue  # format 1: made before rescales existed
             try:

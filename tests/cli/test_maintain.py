@@ -245,3 +245,38 @@ def test_gc_applies_the_retention_the_root_records_by_default(local: Built, tmp_
     # An option given on the command line wins over the recorded one.
     doc = json.loads(run("gc", local.uri, "--retain-versions", "50", "--json").stdout)
     assert doc["retain_versions"] == 50
+
+
+@needs_gc
+def test_gc_applies_each_operators_own_recorded_retention(local: Built, tmp_path: Path) -> None:
+    """Two operators of one root whose runs asked for different histories: a bare ``gc``
+    keeps each one's. (The root once kept only the last run's retention, and ``gc`` applied
+    it to every operator: the one that asked for more lost its history.)"""
+    for operator, retain in (("counts", 4), ("snap", 1)):  # snap starts last
+        config = sk.StoreConfig(
+            local_dir=str(tmp_path / operator), retain_versions=retain, orphan_ttl_s=0
+        )
+        with sk.StateBackend(local.uri, config=config) as backend:
+            backend.start_generation(operator)
+        recorded = sk.StateBackend(local.uri, config=config)
+        with recorded:
+            assert recorded.recorded_retention()[operator] == sk.Retention(retain, 0.0)
+    doc = json.loads(run("gc", local.uri, "--json").stdout)
+    assert doc["operators"] == {
+        "counts": {"retain_versions": 4, "orphan_ttl_s": 300.0},
+        "snap": {"retain_versions": 1, "orphan_ttl_s": 300.0},
+    }
+    assert (doc["retain_versions"], doc["orphan_ttl_s"]) == (None, None)
+
+    def restorable(operator: str) -> list[int]:
+        listed = run("versions", local.uri, operator, "-p", "0", "--json")
+        return [v["version"] for v in json.loads(listed.stdout)["partitions"][0]["versions"]]
+
+    assert restorable("counts") == [3, 4, 5, 6, 7]  # oldest 4, from the snapshot at 3
+    assert restorable("snap") == [3]
+    text = run("gc", local.uri, "--dry-run")
+    assert "versions each operator's last run asked for (counts: 4, snap: 1)" in text.stdout
+    # An option applies to every operator.
+    doc = json.loads(run("gc", local.uri, "--retain-versions", "3", "--json").stdout)
+    assert doc["retain_versions"] == 3
+    assert {u["retain_versions"] for u in doc["operators"].values()} == {3}

@@ -133,6 +133,8 @@ def test_format_doc_matches_the_code(tmp_path: Path) -> None:
     meta = RootMetadata.from_json(json.dumps(example).encode(), blob="example")
     assert meta.operators == {"sessions": 2}
     assert (meta.format_version, meta.generations) == (2, {"sessions": 3})
+    assert meta.retentions == {"sessions": sk.Retention(100, 604800.0)}
+    assert RootMetadata.from_json(meta.to_json(), blob="again") == meta
     assert f"magic `{MAGIC.decode()}`" in text
     assert f"A {HEADER_SIZE}-byte header" in text
     assert layout.changelog_key("op", 3, 7) == "op/3/changelog/00000000000000000007.changelog"

@@ -20,6 +20,7 @@ from statekeeper.cli._progress import Bars
 from statekeeper.cli._render import human_bytes
 from statekeeper.config import StoreConfig
 from statekeeper.gc import MIN_ORPHAN_TTL_S, GcReport
+from statekeeper.store import Retention
 from statekeeper.verify import VerifyReport
 
 __all__ = ["gc", "verify"]
@@ -129,30 +130,54 @@ def gc(
 
     Every version among the newest --retain-versions of each store stays restorable; blobs
     that no committed version references are deleted once older than --orphan-ttl. Both
-    default to the retention the root records (the pipeline's last run).
+    default, per operator, to the retention the root records of that operator's last run
+    (else of the root's last run).
     """
     env = env_of(ctx)
-    recorded = open_root(ctx, root, storage_options).meta.retention
-    if retain_versions is None:
-        retain_versions = (
-            _DEFAULTS.retain_versions if recorded is None else recorded.retain_versions
+    recorded = open_root(ctx, root, storage_options).backend.recorded_retention()
+    default = Retention(_DEFAULTS.retain_versions, _DEFAULTS.orphan_ttl_s)
+    retention = {
+        name: Retention(
+            kept.retain_versions if retain_versions is None else retain_versions,
+            kept.orphan_ttl_s if orphan_ttl is None else orphan_ttl,
         )
-    if orphan_ttl is None:
-        orphan_ttl = _DEFAULTS.orphan_ttl_s if recorded is None else recorded.orphan_ttl_s
-    opened = open_root(
-        ctx, root, storage_options, retain_versions=retain_versions, orphan_ttl_s=orphan_ttl
+        for name, kept in recorded.items()
+    }
+    # Operators the root records no retention for, and what belongs to the whole root,
+    # get the options, else the most patient of the recorded ones, else the defaults.
+    fallback = Retention(
+        max([r.retain_versions for r in retention.values()], default=default.retain_versions)
+        if retain_versions is None
+        else retain_versions,
+        max([r.orphan_ttl_s for r in retention.values()], default=default.orphan_ttl_s)
+        if orphan_ttl is None
+        else orphan_ttl,
     )
-    report: GcReport = opened.backend.gc(dry_run=dry_run)
-    doc = _gc_document(opened.uri, retain_versions, orphan_ttl, report)
+    opened = open_root(
+        ctx, root, storage_options,
+        retain_versions=fallback.retain_versions, orphan_ttl_s=fallback.orphan_ttl_s,
+    )  # fmt: skip
+    report: GcReport = opened.backend.gc(dry_run=dry_run, retention=retention)
+    applied = {name: retention.get(name, fallback) for name in opened.meta.operators}
+    doc = _gc_document(opened.uri, applied or {"": fallback}, report)
     if env.json:
         env.emit_json(doc)
     else:
         _print_gc(env.console, doc, list_keys)
 
 
-def _gc_document(
-    uri: str, retain_versions: int, orphan_ttl: float, report: GcReport
-) -> dict[str, Any]:
+def _gc_document(uri: str, applied: dict[str, Retention], report: GcReport) -> dict[str, Any]:
+    # GC raises a grace below its floor (a WARNING says so): report the one it used.
+    used = {
+        name: {
+            "retain_versions": kept.retain_versions,
+            "orphan_ttl_s": max(kept.orphan_ttl_s, MIN_ORPHAN_TTL_S),
+        }
+        for name, kept in sorted(applied.items())
+    }
+    uniform = {(u["retain_versions"], u["orphan_ttl_s"]) for u in used.values()}
+    retain, grace = uniform.pop() if len(uniform) == 1 else (None, None)
+    used.pop("", None)  # a root without operators: what GC would have applied
     stores = [
         {
             "store": name,
@@ -167,15 +192,23 @@ def _gc_document(
     return {
         "root": uri,
         "dry_run": report.dry_run,
-        "retain_versions": retain_versions,
-        # GC raises a grace below its floor (a WARNING says so): report the one it used.
-        "orphan_ttl_s": max(orphan_ttl, MIN_ORPHAN_TTL_S),
+        # The one retention every operator got, else null (see "operators").
+        "retain_versions": retain,
+        "orphan_ttl_s": grace,
+        "operators": used,
         "deleted_blobs": len(report.deleted_keys),
         "deleted_bytes": report.deleted_bytes,
         "deleted_root_blobs": report.deleted_root_blobs,
         "stores": stores,
         "deleted_keys": list(report.deleted_keys),
     }
+
+
+def _kept_versions(doc: dict[str, Any]) -> str:
+    if doc["retain_versions"] is not None:
+        return f"{doc['retain_versions']} versions of every store"
+    each = ", ".join(f"{n}: {u['retain_versions']}" for n, u in doc["operators"].items())
+    return f"versions each operator's last run asked for ({each})"
 
 
 def _print_gc(console: Console, doc: dict[str, Any], list_keys: bool) -> None:
@@ -203,6 +236,6 @@ def _print_gc(console: Console, doc: dict[str, Any], list_keys: bool) -> None:
         Text(
             f"{doc['root']}: {verb} {doc['deleted_blobs']} blobs "
             f"({human_bytes(doc['deleted_bytes'])} of stores{others}), keeping the newest "
-            f"{doc['retain_versions']} versions of every store{dry}"
+            f"{_kept_versions(doc)}{dry}"
         )
     )

@@ -290,12 +290,19 @@ class StateBackend:
         with self.open(name, partition) as store:
             return store.snapshot_now()
 
-    def gc(self, dry_run: bool = False) -> GcReport:
+    def gc(
+        self, dry_run: bool = False, *, retention: Mapping[str, Retention] | None = None
+    ) -> GcReport:
         """Delete what no retained version needs (see :mod:`statekeeper.gc`).
 
         Every version among the newest ``retain_versions`` of each store stays restorable;
         blobs no committed version references are deleted once older than
         ``orphan_ttl_s``. Safe to run at any time, from any process, repeatedly.
+
+        Both come from this backend's config, or, for an operator named in ``retention``,
+        from there (``statekeeper gc`` passes what the root records of each operator's last
+        run, :meth:`recorded_retention`). Epoch manifests and temporary files, which belong
+        to the whole root, get the longest history and grace among them.
 
         A repartition that died after its commit point left new stores that no manifest
         names yet: a run first finishes it, as opening the operator would (without that,
@@ -323,7 +330,33 @@ class StateBackend:
             root_id="" if meta is None else meta.root_id,
             shared_from=() if meta is None else sorted(meta.rescales),
             updates=self._manifest_updates(),
+            configs={
+                name: dataclasses.replace(
+                    self._config,
+                    retain_versions=kept.retain_versions,
+                    orphan_ttl_s=kept.orphan_ttl_s,
+                )
+                for name, kept in (retention or {}).items()
+            },
         )
+
+    def recorded_retention(self) -> dict[str, Retention]:
+        """Operator name -> the retention the root records for it: its last run's, else
+        (an operator recorded before roots kept one per operator) the last run's of the
+        root; operators with neither are left out.
+
+        Raises:
+            StorageError: the root cannot be read.
+        """
+        self._check_open()
+        meta = self._registry.read()
+        if meta is None:
+            return {}
+        return {
+            name: kept
+            for name in meta.operators
+            if (kept := meta.retentions.get(name, meta.retention)) is not None
+        }
 
     def _manifest_updates(self) -> dict[tuple[str, int], ManifestUpdate]:
         """How GC writes the next manifest of each store open here: through the store's

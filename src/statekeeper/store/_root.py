@@ -60,6 +60,15 @@ class Retention:
     retain_versions: int
     orphan_ttl_s: float
 
+    def to_json(self) -> dict[str, Any]:
+        """The ``retention`` entry."""
+        return {"retainVersions": self.retain_versions, "orphanTtlS": self.orphan_ttl_s}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Retention:
+        """Parse a ``retention`` entry (errors as ``KeyError``/``ValueError``/``TypeError``)."""
+        return cls(_positive("retainVersions", doc["retainVersions"]), float(doc["orphanTtlS"]))
+
 
 @dataclass(frozen=True)
 class Rescale:
@@ -130,6 +139,10 @@ class RootMetadata:
     """What ``statekeeper gc`` applies by default (recorded by the last run that started)."""
     rescales: dict[str, Rescale] = field(default_factory=dict)
     """Operator name -> its last rescale, for operators made or changed by one."""
+    retentions: dict[str, Retention] = field(default_factory=dict)
+    """Operator name -> the retention of the last run that started it: what ``statekeeper
+    gc`` applies to that operator's stores (two operators, or two queries, of one root may
+    keep different histories; :attr:`retention` is only the last run's of all)."""
 
     def to_json(self) -> bytes:
         """Serialize to the on-storage document."""
@@ -141,10 +154,7 @@ class RootMetadata:
             "operators": {name: self._operator_json(name) for name in sorted(self.operators)},
         }
         if self.retention is not None:
-            doc["retention"] = {
-                "retainVersions": self.retention.retain_versions,
-                "orphanTtlS": self.retention.orphan_ttl_s,
-            }
+            doc["retention"] = self.retention.to_json()
         if self.format_version >= 2:
             seal(doc)
         return json.dumps(doc, indent=2, sort_keys=True).encode("utf-8") + b"\n"
@@ -158,6 +168,8 @@ class RootMetadata:
             entry["keyGroups"] = self.key_groups[name]
         if name in self.rescales:
             entry["rescale"] = self.rescales[name].to_json()
+        if name in self.retentions:
+            entry["retention"] = self.retentions[name].to_json()
         return entry
 
     def with_operator(self, name: str, partitions: int | None) -> RootMetadata:
@@ -228,17 +240,15 @@ class RootMetadata:
                 if "rescale" in entry
             }
             kept = doc.get("retention")
-            retention = (
-                None
-                if kept is None
-                else Retention(
-                    _positive("retainVersions", kept["retainVersions"]),
-                    float(kept["orphanTtlS"]),
-                )
-            )
+            retention = None if kept is None else Retention.from_json(kept)
+            retentions = {
+                str(name): Retention.from_json(entry["retention"])
+                for name, entry in doc["operators"].items()
+                if "retention" in entry
+            }
             return cls(
                 version, str(doc["rootId"]), int(doc["createdTimeMs"]), operators,
-                generations, key_groups, retention, rescales,
+                generations, key_groups, retention, rescales, retentions,
             )  # fmt: skip
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptStateError(
@@ -348,7 +358,7 @@ class RootRegistry:
 
     def start_generation(self, operator: str, retention: Retention | None = None) -> int:
         """Bump ``operator``'s run generation by compare-and-swap and return the new one;
-        record ``retention`` as the root's default if given.
+        record ``retention`` (if given) as the operator's, and as the root's last one.
 
         Raises:
             StorageError: the root cannot be read or written.
@@ -359,11 +369,15 @@ class RootRegistry:
             generations = dict(current.generations)
             generations[operator] = generations.get(operator, 0) + 1
             bumped[:] = [generations[operator]]
+            retentions = dict(current.retentions)
+            if retention is not None:
+                retentions[operator] = retention
             return dataclasses.replace(
                 current.with_operator(operator, None),
                 format_version=max(current.format_version, FORMAT_VERSION),
                 generations=generations,
                 retention=retention if retention is not None else current.retention,
+                retentions=retentions,
             )  # fmt: skip
 
         self._update(change)
