@@ -79,6 +79,28 @@ def machine(pipeline: dict[str, Any] | None = None) -> list[str]:
     ]
 
 
+def provenance_section(results: Path) -> list[str]:
+    """Where and when each result file was measured, as the file itself records it."""
+    rows = []
+    for path in sorted(results.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        host = data.get("machine") if isinstance(data.get("machine"), dict) else {}
+        load = host.get("load_average_1m", data.get("load_average_1m", "-"))
+        rows.append([f"`{path.name}`", data.get("date", "-"), host.get("platform", "-"), load])
+    if not rows:
+        return []
+    return [
+        "Where each file was measured:",
+        "",
+        *_table(["file", "date", "platform", "load average (1 min)"], rows),
+    ]
+
+
 def _mb(n: int | None) -> str:
     """Bytes in the largest unit that keeps a number >= 1 (decimal units)."""
     if n is None:
@@ -740,12 +762,15 @@ def render(results: Path, makefile: Path | None = None) -> str:
         "# statekeeper benchmark results",
         "",
         f"Generated {time.strftime('%Y-%m-%d')} by `benchmarks/report.py` from "
-        "`benchmarks/results/*.json`. Timings come from one run on a shared machine; compare "
-        "the figures within a table, not across machines.",
+        "`benchmarks/results/*.json`. Each file is one run on a shared machine of the kind "
+        "below (2 cores), not always the same host nor on the same day (see *Where each "
+        "file was measured*); compare the figures within a table, not across files.",
         "",
-        "Machine:",
+        "The machine this report was generated on:",
         "",
         *machine(loaded["pipeline"]),
+        "",
+        *provenance_section(results),
     ]
     for name, section in sections.items():
         data = loaded[name]

@@ -263,6 +263,7 @@ def test_report_renders_every_table(
     text = out.read_text()
     assert "Generated " in text
     assert "- CPU: " in text
+    assert "| `per_key.json` | " in text  # where each file was measured
     assert "Spark " in text
     assert "| 20,000 | 3 | 10,000 |" in text
     assert "| `local_behind` |" in text

@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 
 from statekeeper import layout
+from statekeeper.epochs import FORMAT_VERSION as EPOCH_FORMAT_VERSION
+from statekeeper.epochs import EpochManifest, StoreEntry
 from statekeeper.keyed import MAX_KEY_GROUPS
 from statekeeper.keyed._layout import (
     EVENT_TIME,
@@ -56,3 +58,21 @@ def test_the_report_section_names_every_field_and_the_key() -> None:
     rows = re.findall(r"^\| (.+?) \|", _section("Task reports", raw=True), re.MULTILINE)
     documented = {name for row in rows for name in re.findall(r"`(\w+)`", row)}
     assert documented == set(doc) - {"format", "formatVersion"}
+
+
+def test_the_epoch_manifest_section_names_every_field() -> None:
+    text = _section("Epoch manifests", raw=True)
+    block = text[text.index("```jsonc") : text.index("```", text.index("```jsonc") + 3)]
+    entry = StoreEntry(0, 8, "c", 5, "i")
+    manifest = EpochManifest(7, "q", "r", 1, {"counts": 2}, {"counts": [entry]})
+    doc = json.loads(manifest.to_json())
+
+    def names(value: object) -> set[str]:
+        if isinstance(value, dict):
+            return set(value) | {n for v in value.values() for n in names(v)}
+        if isinstance(value, list):
+            return {n for v in value for n in names(v)}
+        return set()
+
+    assert set(re.findall(r'"(\w+)":', block)) == names(doc)
+    assert f'"formatVersion": {EPOCH_FORMAT_VERSION}' in block
