@@ -7,12 +7,15 @@ import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from statekeeper import ConfigMismatchError, StateBackend, StateStore, StoreConfig
 from statekeeper.keyed import (
     MAX_KEY_GROUPS,
+    StatefulProcessor,
     StatefulProcessorHandle,
     encode_key,
     group_prefix,
@@ -23,6 +26,7 @@ from statekeeper.keyed import (
     ttl_prefix,
 )
 from statekeeper.keyed._layout import META_KEY
+from statekeeper.keyed.testing import ProcessorTester
 
 G = 4096
 
@@ -148,3 +152,31 @@ def test_partitions_own_contiguous_disjoint_key_group_ranges(partitions: int, gr
     for p, owned in enumerate(ranges):
         assert len(owned) > 0
         assert all(partition_of_group(g, partitions, groups) == p for g in owned)
+
+
+class _Count(StatefulProcessor):
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.n = handle.value_state("n")
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        self.n.update((self.n.get() or 0) + len(rows))
+        yield (key[0], self.n.get())
+
+
+def test_a_tester_directory_is_laid_out_as_its_root_records(tmp_path: Path) -> None:
+    """ProcessorTester once wrote 256 key groups under a root that records 4096: a task
+    given that root refused it ("the store and the root do not belong together")."""
+    schema = pa.schema([("k", pa.string()), ("n", pa.int64())])
+    with ProcessorTester(_Count(), keys="k", output_schema=schema, directory=tmp_path) as t:
+        assert t.run([{"k": "a"}, {"k": "b"}, {"k": "a"}]) == [
+            {"k": "a", "n": 2},
+            {"k": "b", "n": 1},
+        ]
+    config = StoreConfig(local_dir=str(tmp_path / "again"))
+    with StateBackend(str(tmp_path / "root"), config=config) as backend:
+        meta = backend.root_metadata()
+        assert meta is not None
+        with backend.open("tester", 0) as store:
+            record = read_operator_record(store)
+            assert record is not None
+            assert record.key_groups == meta.key_groups["tester"] == 4096

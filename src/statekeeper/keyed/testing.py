@@ -48,7 +48,6 @@ from statekeeper.store import StateBackend, StateStore
 __all__ = ["ProcessorTester"]
 
 _OPERATOR = "tester"
-_KEY_GROUPS = 256
 
 
 class ProcessorTester:
@@ -104,12 +103,21 @@ class ProcessorTester:
         self._schema = output_schema
         delay = validate_delay(watermark_delay)
         self._time = TimeSpec(time_mode, event_time_column, delay)
-        self._initial = self._initial_table(initial_state)
         self._owned = directory is None
         self._dir = Path(tempfile.mkdtemp(prefix="sk-tester-") if directory is None else directory)
         config = StoreConfig(local_dir=str(self._dir / "local"))
         self._backend = StateBackend(str(self._dir / "root"), config=config)
         self._backend.register(_OPERATOR, 1)
+        meta = self._backend.root_metadata()
+        assert meta is not None  # just registered
+        # The operator's key groups as its root records them: a directory the tester wrote
+        # then reads (inspect, verify) and runs on (a task) as any other root would.
+        self._key_groups = meta.key_groups[_OPERATOR]
+        try:
+            self._initial = self._initial_table(initial_state)
+        except BaseException:
+            self.close()
+            raise
         self.processing_time_ms = 0
         self.watermark_ms: int | None = None
         self.stats = RunStats()
@@ -146,14 +154,14 @@ class ProcessorTester:
             Exception: whatever the processor raises (nothing is committed then).
         """
         table = rows if isinstance(rows, pa.Table) else _table(rows, schema)
-        table = _with_key_groups(table, self._keys)
+        table = _with_key_groups(table, self._keys, self._key_groups)
         self.stats = RunStats()
         with self._open() as store:
             batches = run_processor(
                 store, copy.deepcopy(self._processor), table, keys=self._keys,
                 output_schema=self._schema, operator=_OPERATOR, batch_id=store.version,
                 partition=0, now_ms=self.processing_time_ms, stats=self.stats,
-                key_groups=_KEY_GROUPS, time=self._time,
+                key_groups=self._key_groups, time=self._time,
                 batch=BatchTime(watermark_ms=self.watermark_ms), initial=self._initial,
             )  # fmt: skip
             try:
@@ -188,7 +196,7 @@ class ProcessorTester:
             )
         table = rows if isinstance(rows, pa.Table) else _table(rows, None)
         check_initial_columns(table.column_names, self._keys)
-        return _with_key_groups(table, self._keys)
+        return _with_key_groups(table, self._keys, self._key_groups)
 
 
 def _table(rows: Sequence[Mapping[str, Any]], schema: Any) -> Any:
@@ -197,11 +205,11 @@ def _table(rows: Sequence[Mapping[str, Any]], schema: Any) -> Any:
     return pa.Table.from_pylist(list(rows), schema=schema)
 
 
-def _with_key_groups(table: Any, keys: list[str]) -> Any:
+def _with_key_groups(table: Any, keys: list[str], key_groups: int) -> Any:
     """Tag each row with a key group, as Spark does (any stable function of the key will
     do: one partition owns them all)."""
     if table.num_rows == 0:
         return table
     encoded = encode_keys([table.column(k) for k in keys])
-    groups = pa.array([zlib.crc32(k) % _KEY_GROUPS for k in encoded], pa.int32())
+    groups = pa.array([zlib.crc32(k) % key_groups for k in encoded], pa.int32())
     return table.append_column(KEY_GROUP_COLUMN, groups)
