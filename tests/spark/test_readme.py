@@ -169,3 +169,15 @@ def _keys(doc: object) -> set[str]:
     if isinstance(doc, list):
         return {k for v in doc for k in _keys(v)}
     return set()
+
+
+def test_every_public_name_is_documented() -> None:
+    """Each name ``statekeeper`` or ``statekeeper.spark`` exports appears in the README or
+    in docs/api.md (where the reference of what the README does not show lives)."""
+    import statekeeper.spark
+
+    text = README + (REPO / "docs" / "api.md").read_text()
+    for module in (sk, statekeeper.spark):
+        missing = [n for n in module.__all__ if not re.search(rf"`[^`]*\b{re.escape(n)}\b", text)]
+        assert missing == [], f"{module.__name__} exports names no doc mentions: {missing}"
+    assert "docs/api.md" in README
