@@ -238,3 +238,38 @@ def test_the_info_logs_of_a_copy_reopened_often_stay_few(tmp_path: Path) -> None
             with backend.open("op", 0) as store:
                 assert store.version == 2
     assert len(list(copy.glob("LOG.old*"))) <= 2
+
+
+def test_damage_met_by_a_compaction_sets_the_copy_aside_for_the_next_open(tmp_path: Path) -> None:
+    """A damaged block no read touches is met by a compaction instead; RocksDB then fails
+    every write of the copy. The failed store sets the copy aside, so the next open (a task
+    retry) rebuilds it and goes on, instead of reusing the copy and failing the same way for
+    good (the error once also blamed the disk: "cannot flush ... N bytes are free")."""
+    backend, copy = _committed(tmp_path)
+    backend.close()
+    sst = max(_ssts(copy), key=lambda p: p.stat().st_size)
+    _flip(sst, sst.stat().st_size // 3)
+    config = sk.StoreConfig(
+        local_dir=str(tmp_path / "local"), snapshot_every=10_000, local_checkpoint_interval_s=0
+    )
+    flushing = sk.StateBackend(LocalBlobStore(str(tmp_path / "root")), config=config)
+    failed: StateKeeperError | None = None
+    with flushing.open("op", 0) as store:
+        assert store.restore_info.base_kind == "local"
+        for n in range(200):  # each commit flushes: L0 files pile up, and a compaction runs
+            store.put(b"new%05d" % n, b"v")
+            try:
+                store.commit()
+            except StateKeeperError as exc:
+                failed = exc
+                break
+    assert failed is not None, "no compaction met the damaged block"
+    assert "damaged" in str(failed)
+    assert "bytes are free" not in str(failed)
+    assert len(_aside(copy)) == 1
+    with flushing.open("op", 0) as store:
+        assert store.restore_info.base_kind != "local"
+        store.put(b"after", b"rebuilt")
+        store.commit()
+        assert store.get(b"k02999") == _value(2999)
+        assert store.get(b"new00000") == b"v"

@@ -43,6 +43,7 @@ __all__ = [
     "holding_lock",
     "read_failure",
     "set_aside",
+    "write_failure",
 ]
 
 _log = logging.getLogger("statekeeper.store")
@@ -75,6 +76,22 @@ def read_failure(path: str, cause: BaseException) -> StateKeeperError:
         f"{hard}), and each open store holds about 7 plus its SST files: raise the limit, or "
         "lower StoreConfig.max_open_stores"
     )
+
+
+def write_failure(path: str, action: str, cause: BaseException) -> StateKeeperError:
+    """What a failed write, flush or checkpoint of the copy at ``path`` means: damage, if
+    RocksDB reports corruption (a flush or compaction met a block whose checksum fails; from
+    then on RocksDB fails every write of the copy, so only a rebuild gets past it); else a
+    problem of the disk, with a note on its free space. ``action`` says what failed."""
+    if _is_corruption(cause):
+        return DamagedCopyError(path, cause)
+    return StateKeeperError(f"{action}: {cause}; {disk_note(path)}")
+
+
+def _is_corruption(cause: BaseException) -> bool:
+    # RocksDB's Status::Corruption reads "Corruption: ..." (rocksdict raises a bare
+    # Exception with that text); a background error it made sticky keeps the prefix.
+    return "Corruption:" in str(cause)
 
 
 def _out_of_file_handles(cause: BaseException) -> bool:

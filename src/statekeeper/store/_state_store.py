@@ -636,10 +636,18 @@ class StateStore:
     def _local_failure(
         self, version: int, attempt: str, exc: StateKeeperError, *, committed: bool
     ) -> StateKeeperError:
-        """Fail the store and release its working copy after a local write failed; the
-        error to raise says whether ``version`` is committed all the same."""
+        """Fail the store and release its working copy after a local write failed (set it
+        aside if the failure is damage: RocksDB would fail every later write of it, and
+        only a rebuild, at the next open, gets past it); the error to raise says whether
+        ``version`` is committed all the same."""
         self._state = _State.FAILED
-        self._copy.close(flush=False)
+        if isinstance(exc, DamagedCopyError):
+            try:
+                self._copy.set_aside(exc)
+            except StateKeeperError as failed:
+                _log.warning("%s; the next open finds the copy damaged again", failed)
+        else:
+            self._copy.close(flush=False)
         store = f"store {self._operator}/{self._partition}"
         if committed:
             what = (
@@ -648,9 +656,13 @@ class StateStore:
             )
         else:
             what = f"version {version} of {store} was NOT committed (nothing was published)"
+        then = (
+            "it is rebuilt from the blob store (the damaged copy is set aside)"
+            if isinstance(exc, DamagedCopyError)
+            else "once the local disk has room, it catches up from the blob store"
+        )
         return StateKeeperError(
-            f"{what}: {exc}. The store is closed and its working copy released; reopen it "
-            "(once the local disk has room): it catches up from the blob store"
+            f"{what}: {exc}. The store is closed and its working copy released; reopen it: {then}"
         )
 
     def _settle(self) -> None:

@@ -15,10 +15,12 @@ that distance in time (the Kafka Streams checkpoint interval), and the store cat
 replaying changelogs on the next open.
 
 The copy is a cache of the blob store: one that RocksDB cannot open or read, for any reason
-but another process holding it, is set aside and rebuilt (:mod:`statekeeper.store._local_disk`
-says how the cause is told, never from RocksDB's message). Reads raise
-:class:`DamagedCopyError` for the store to rebuild; writes and flushes raise a
-:class:`StateKeeperError` that says how much room the disk has left.
+but another process holding it or the process being out of file handles, is set aside and
+rebuilt (:mod:`statekeeper.store._local_disk` tells the causes apart). Reads raise
+:class:`DamagedCopyError` for the store to rebuild. Writes, flushes and checkpoints raise it
+only when RocksDB reports corruption (a flush or compaction met a damaged block, after which
+RocksDB fails every write of the copy); otherwise a :class:`StateKeeperError` that says how
+much room the disk has left.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from statekeeper.store._local_disk import (
     holding_lock,
     read_failure,
     set_aside,
+    write_failure,
 )
 from statekeeper.store._overlap import submit
 
@@ -182,7 +185,10 @@ class WorkingCopy:
                     return db, None if raw is None else parse_label(bytes(raw))[0]
                 except Exception as exc:  # noqa: BLE001 - damage met at the first read
                     failure = exc
-                    db.close()
+                    try:
+                        db.close()
+                    except Exception as closing:  # noqa: BLE001 - a compaction met it too
+                        _log.warning("closing the damaged copy %s: %s", self.path, closing)
             if fresh:
                 raise StateKeeperError(
                     f"cannot create the local working copy {self.path}: {failure}; "
@@ -426,7 +432,8 @@ class WorkingCopy:
         Raises:
             StateKeeperError: that write (or the flush after it) failed, and every later
                 call raises this too: close the copy (what lands on disk is a version it
-                labelled, which the next open catches up from).
+                labelled, which the next open catches up from); a
+                :class:`DamagedCopyError` if RocksDB found the copy damaged: set it aside.
         """
         job = self._behind
         if job is None or job.thread == threading.get_ident():
@@ -434,6 +441,8 @@ class WorkingCopy:
         assert job.future is not None
         try:
             job.future.result()
+        except DamagedCopyError:
+            raise  # as it was: the store sets the copy aside
         except Exception as exc:  # whatever it was, the write did not land
             raise StateKeeperError(
                 f"the write of version {job.version} to the local working copy {self.path} "
@@ -522,8 +531,8 @@ class WorkingCopy:
                 self._db.write(batch, self._write_opts)
                 self._label = label
         except Exception as exc:  # rocksdict raises a bare Exception for every failure
-            raise StateKeeperError(
-                f"cannot write to the local working copy {self.path}: {exc}; {disk_note(self.path)}"
+            raise write_failure(
+                self.path, f"cannot write to the local working copy {self.path}", exc
             ) from exc
 
     def checkpoint(self, path: str, *, dirty_ok: bool = False) -> tuple[int, str]:
@@ -553,8 +562,8 @@ class WorkingCopy:
             try:
                 rocksdict.Checkpoint(self._db).create_checkpoint(path)
             except Exception as exc:  # rocksdict raises a bare Exception for every failure
-                raise StateKeeperError(
-                    f"cannot create a checkpoint of {self.path} at {path}: {exc}; {disk_note(path)}"
+                raise write_failure(
+                    self.path, f"cannot create a checkpoint of {self.path} at {path}", exc
                 ) from exc
             # The checkpoint flushed the memtables: the copy is durable up to here too.
             self._last_flush = time.monotonic()
@@ -591,9 +600,8 @@ class WorkingCopy:
             with self._lock:
                 self._db.flush(wait=wait)
         except Exception as exc:  # rocksdict raises a bare Exception for every failure
-            raise StateKeeperError(
-                f"cannot flush the local working copy {self.path} to disk: {exc}; "
-                f"{disk_note(self.path)}"
+            raise write_failure(
+                self.path, f"cannot flush the local working copy {self.path} to disk", exc
             ) from exc
         self._last_flush = time.monotonic()
 
