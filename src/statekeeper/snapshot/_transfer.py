@@ -108,6 +108,7 @@ def upload_snapshot(
     attempt: str | None = None,
     parent: bool = False,
     resume: ResumePolicy | None = None,
+    check_added: Callable[[list[Path]], None] | None = None,
 ) -> tuple[SnapshotIndex, SnapshotMetrics]:
     """Upload a RocksDB checkpoint directory as the snapshot of ``version``, incrementally.
 
@@ -141,6 +142,9 @@ def upload_snapshot(
         resume: the copy's upload journal: files an earlier upload of it finished are not
             uploaded again, and the files this one finishes are noted (see
             :mod:`statekeeper.snapshot._resume`); ``None``: neither.
+        check_added: called with the files the upload would add, before any is uploaded;
+            it raises if one must not be (a damaged file: the store checks SST files, see
+            :func:`statekeeper.store._rocks.damaged_tables`).
 
     Just before the index is written, every blob it reuses from ``previous`` is checked to
     still exist (one listing of the store's files); if garbage collection removed one
@@ -183,6 +187,8 @@ def upload_snapshot(
         )
         job = _Upload(blobs, operator, partition, chunk_size, io_threads, journal, resume)
         diff = diff_dir(checkpoint_dir, start, trust_names=trust_names)
+        if check_added is not None:
+            check_added([path for _, path in diff.iter_added()])
         uploaded, resumed = job.upload(diff)
         if previous is not None and job.reused_missing(diff):
             _log.warning(
@@ -192,6 +198,8 @@ def upload_snapshot(
             # What this upload finished is in the journal: the full upload takes it again.
             previous = None
             diff = diff_dir(checkpoint_dir, None, trust_names=False)
+            if check_added is not None:
+                check_added([path for _, path in diff.iter_added()])
             uploaded, resumed = job.upload(diff)
         index = SnapshotIndex(
             checkpoint_id=checkpoint_id if checkpoint_id is not None else uuid.uuid4().hex,

@@ -7,6 +7,8 @@
   other than a store; :func:`read_values`, the values of many keys in one ordered pass
   (dense multi-gets), which never answers a key as absent past an error either.
 - :func:`fill_columns` and :func:`fill_pairs`: a commit's changes into a write batch.
+- :func:`damaged_tables`: which of some SST files fail their block checksums, read whole
+  (before a snapshot uploads them).
 
 :mod:`statekeeper.store._working_copy` builds the labelled copy of one store on these.
 """
@@ -15,9 +17,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import shutil
 import threading
+import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import rocksdict
@@ -29,6 +35,7 @@ __all__ = [
     "SHARED_MEMORY",
     "SharedMemory",
     "checked_items",
+    "damaged_tables",
     "fill_columns",
     "fill_pairs",
     "options",
@@ -280,6 +287,40 @@ _L0_STOP_FILES = 96
 _BYTES_PER_SYNC = 1 << 20
 _env_lock = threading.Lock()
 _env: rocksdict.Env | None = None
+
+
+def damaged_tables(tables: Sequence[Path]) -> list[str]:
+    """The names of those of ``tables`` (SST files of one folder) that RocksDB cannot read
+    whole: a block whose checksum fails, a file cut short.
+
+    A RocksDB file is checked only when something reads it, and a block no read and no
+    compaction touched since it went bad on disk would be uploaded into a snapshot as it
+    is, under a checksum of the damaged bytes: committed state lost once GC drops the
+    changelogs below that snapshot. RocksDB's public API has no check of one file (rocksdict
+    has no ``VerifyChecksum`` nor a table reader), but its repairer reads every table of a
+    folder whole and moves each it cannot read to ``lost/``. So the tables are hard-linked
+    into a scratch folder beside them (the files are only read: the links leave them as
+    they are) and repaired there.
+
+    Raises:
+        StateKeeperError: the check itself failed (the scratch folder cannot be made, say).
+    """
+    if not tables:
+        return []
+    scratch = tables[0].parent.with_name(f"{tables[0].parent.name}.verify-{uuid.uuid4().hex}")
+    try:
+        os.mkdir(scratch)
+        for table in tables:
+            os.link(table, scratch / table.name)
+        rocksdict.Rdict.repair(str(scratch), rocksdict.Options(raw_mode=True))
+        lost = scratch / "lost"
+        return sorted(os.listdir(lost)) if lost.is_dir() else []
+    except Exception as exc:  # rocksdict raises a bare Exception; OSError from the links
+        raise StateKeeperError(
+            f"cannot check the SST files of {tables[0].parent} before their upload: {exc}"
+        ) from exc
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def background_env() -> rocksdict.Env:

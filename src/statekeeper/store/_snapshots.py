@@ -9,6 +9,7 @@ directory without touching the live database.
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import threading
@@ -42,7 +43,8 @@ from statekeeper.snapshot import (
 )
 from statekeeper.storage import BlobStore, thread_pool
 from statekeeper.store._commit_point import CommitPoint
-from statekeeper.store._working_copy import WorkingCopy, upload_journal_path
+from statekeeper.store._rocks import damaged_tables
+from statekeeper.store._working_copy import DamagedCopyError, WorkingCopy, upload_journal_path
 
 __all__ = [
     "SnapshotJob",
@@ -314,6 +316,7 @@ class Snapshotter:
                 resumable_age_s(self._config),
                 lambda: latest_now(self._blobs),
             ),
+            check_added=functools.partial(_check_tables, job.copy),
         )
         job.copy.set_lineage(index.checkpoint_id, version)
         job.reused = previous_key if metrics.files_reused else None
@@ -380,6 +383,30 @@ def write_metrics_quietly(
         write_commit_metrics(blobs, operator, partition, metrics)
     except StateKeeperError as exc:  # a re-run's duplicate, or storage trouble: only metrics
         _log.info("commit metrics of %s/%s not written: %s", operator, partition, exc)
+
+
+def _check_tables(copy: WorkingCopy, added: list[Path]) -> None:
+    """Refuse to upload SST files that RocksDB cannot read whole: damage on the local disk
+    that no read met yet would otherwise become the snapshot's (see
+    :func:`statekeeper.store._rocks.damaged_tables`). The copy is reported damaged, so
+    the store rebuilds it from the blob store.
+
+    Raises:
+        DamagedCopyError: a file is damaged.
+        StateKeeperError: the check failed.
+    """
+    with phases.phase("verify"):
+        bad = damaged_tables([path for path in added if path.suffix == ".sst"])
+    if bad:
+        damage = DamagedCopyError(
+            copy.path,
+            CorruptStateError(
+                f"its SST files {', '.join(bad)} fail their checksums (found before a "
+                "snapshot would have uploaded them)"
+            ),
+        )
+        copy.report_damage(damage)
+        raise damage
 
 
 def release_checkpoint(path: Path) -> None:

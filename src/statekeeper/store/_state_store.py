@@ -666,18 +666,24 @@ class StateStore:
         )
 
     def _settle(self) -> None:
-        """Wait for the working copy's write of the last commit (``write_behind``).
+        """Wait for the working copy's write of the last commit (``write_behind``). A copy
+        found damaged (by that write, or by a snapshot that checked its files) is rebuilt
+        at this store's version from the blob store, where that version is committed.
 
         Raises:
             StateKeeperError: that write failed: the store is failed (the version is
-                committed all the same).
+                committed all the same); or the rebuild failed.
         """
-        if self._behind is None:
-            return
-        version, attempt = self._behind
         try:
             self._copy.wait()
         except StateKeeperError as exc:
+            if isinstance(exc, DamagedCopyError) and self._rebuild is not None:
+                self._behind = None
+                self._replace_damaged_copy(exc)
+                return
+            if self._behind is None:
+                raise
+            version, attempt = self._behind
             raise self._local_failure(version, attempt, exc, committed=True) from exc
         self._behind = None
 

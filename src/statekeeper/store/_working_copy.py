@@ -160,6 +160,7 @@ class WorkingCopy:
         self._write_opts.disable_wal = True  # type: ignore[method-assign,assignment]
         self._last_flush = time.monotonic()
         self._closed = False
+        self._damage: DamagedCopyError | None = None
         # Serializes writes, checkpoints and close: a checkpoint taken by the background
         # snapshot thread must hold exactly one labelled version.
         self._lock = threading.Lock()
@@ -208,6 +209,13 @@ class WorkingCopy:
             self.set_lineage(None, 0)
         raise AssertionError("unreachable")
 
+    def report_damage(self, damage: DamagedCopyError) -> None:
+        """Take note that the copy is damaged where nothing read it yet (a snapshot found a
+        file that fails its checksums): from now on every call raises ``damage``, so the
+        store rebuilds the copy, and closing it sets it aside (another process must not
+        reopen it as it is)."""
+        self._damage = damage
+
     def set_aside(self, reason: BaseException | str) -> str:
         """Close (without flushing) and rename the copy out of the way, kept for inspection;
         returns its new name. The next open at :attr:`path` starts a new copy.
@@ -215,6 +223,7 @@ class WorkingCopy:
         Raises:
             StateKeeperError: the rename failed, or another process opened the copy.
         """
+        self._damage = None  # set aside here, not again by close
         self.close(flush=False)
         with holding_lock(self.path, reason if isinstance(reason, BaseException) else None):
             aside = set_aside(self.path, reason)
@@ -433,8 +442,11 @@ class WorkingCopy:
             StateKeeperError: that write (or the flush after it) failed, and every later
                 call raises this too: close the copy (what lands on disk is a version it
                 labelled, which the next open catches up from); a
-                :class:`DamagedCopyError` if RocksDB found the copy damaged: set it aside.
+                :class:`DamagedCopyError` if RocksDB found the copy damaged, or a
+                snapshot did (:meth:`report_damage`): set it aside.
         """
+        if self._damage is not None:
+            raise self._damage
         job = self._behind
         if job is None or job.thread == threading.get_ident():
             return
@@ -638,6 +650,13 @@ class WorkingCopy:
             finally:
                 with _open_paths_lock:
                     _open_paths.discard(self.path)
+        if self._damage is not None:
+            try:
+                with holding_lock(self.path, self._damage):
+                    set_aside(self.path, self._damage)
+                self.set_lineage(None, 0)
+            except StateKeeperError as exc:
+                _log.warning("%s; the next open of %s may find it damaged", exc, self.path)
 
     def destroy(self) -> None:
         """Close and delete the working copy directory, its lineage record and its upload
