@@ -75,7 +75,8 @@ class StoreConfig:
             copies stay on disk for the next task).
         local_copy_ttl_s: Spark layer: a Python worker deletes the working copies of the
             roots it serves that no task has used for this long (a partition that moved to
-            another executor); never one that is open or locked by a process.
+            another executor); never one that is open or locked by a process. Copies set
+            aside as damaged go this long after they were.
         metrics_every: most commits whose metrics (latency, bytes, records) a store
             buffers before writing them as one commit-metrics blob; a snapshot or closing
             the store writes them sooner.

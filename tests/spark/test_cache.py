@@ -440,6 +440,25 @@ def test_copies_unused_for_the_ttl_are_deleted_but_held_ones_are_not(
     assert cache.sweep_local_copies(now=later) == [path[1]]  # released by the other process
 
 
+def test_copies_set_aside_as_damaged_are_deleted_after_the_ttl(
+    cache: StoreCache, tmp_path: Path
+) -> None:
+    """Set-aside copies are not working copies (their names are not partition numbers):
+    the sweep once never looked at them, and they stayed until the executor went away."""
+    config = StoreConfig(local_dir=str(tmp_path / "local"), local_copy_ttl_s=3600.0)
+    spec = StoreSpec(str(tmp_path / "root"), "op", 4, config, (), lock_timeout_s=5.0)
+    _commit(cache, spec, 0, 0)
+    lease = cache.acquire(spec, 0, 1)  # the copy itself stays in use
+    path = cache.backend(spec).local_path("op", 0)
+    aside = f"{path}.damaged-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-0123abcd"
+    os.mkdir(aside)
+    assert cache.sweep_local_copies() == []
+    assert cache.sweep_local_copies(now=time.time() + 2 * 3600) == [aside]
+    assert not os.path.exists(aside)
+    assert lease.store.get(b"k") == b"0"
+    cache.release(lease, ok=True)
+
+
 def test_asking_ahead_hands_an_idle_store_over_before_the_acquire(spec: StoreSpec) -> None:
     """A task asks for its store before reading its input: the worker holding it idle lets
     go meanwhile, so the acquire after the input finds the lock free."""

@@ -53,6 +53,7 @@ import logging
 import math
 import os
 import resource
+import shutil
 import threading
 import time
 from collections.abc import Collection, Mapping
@@ -61,7 +62,14 @@ from dataclasses import dataclass, field
 from statekeeper.config import StoreConfig
 from statekeeper.errors import StateKeeperError, StateNotFoundError
 from statekeeper.spark._filelock import StoreLock
-from statekeeper.store import RestoreInfo, StateBackend, StateStore, remove_unused_copy
+from statekeeper.store import (
+    RestoreInfo,
+    StateBackend,
+    StateStore,
+    remove_unused_copy,
+    set_aside_copies,
+    set_aside_time,
+)
 
 __all__ = [
     "CACHE",
@@ -463,8 +471,9 @@ class StoreCache:
 
     def sweep_local_copies(self, now: float | None = None) -> list[str]:
         """Delete the working copies of the roots this worker served that no task has used
-        for their config's ``local_copy_ttl_s`` (as of ``now``, ``time.time()`` seconds);
-        returns the folders deleted. A copy held by any process is kept.
+        for their config's ``local_copy_ttl_s`` (as of ``now``, ``time.time()`` seconds), and
+        the copies set aside as damaged that long ago; returns the folders deleted. A copy
+        held by any process is kept.
         """
         now = time.time() if now is None else now
         with self._mutex:
@@ -475,6 +484,13 @@ class StoreCache:
             for path in _copies_under(folder):
                 if path not in held and _unused_for(path, now) >= ttl and _remove(path, ttl, now):
                     removed.append(path)
+                # A copy set aside as damaged is kept for inspection as long as an unused
+                # copy is, whether or not its copy is still in use.
+                for aside in set_aside_copies(path):
+                    when = set_aside_time(aside)
+                    if when is not None and now - when >= ttl:
+                        shutil.rmtree(aside, ignore_errors=True)
+                        removed.append(aside)
         if removed:
             _log.info(
                 "deleted %s local working copies unused for their local_copy_ttl_s: %s",

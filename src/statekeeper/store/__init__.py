@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from statekeeper.store._backend import StateBackend
 from statekeeper.store._export import ExportInfo
+from statekeeper.store._local_disk import set_aside_copies, set_aside_time
 from statekeeper.store._overlay import check_progress, listed
 from statekeeper.store._rescale import (
     ParentCopy,
@@ -37,4 +38,6 @@ __all__ = [
     "latest_versions",
     "listed",
     "remove_unused_copy",
+    "set_aside_copies",
+    "set_aside_time",
 ]

@@ -23,12 +23,14 @@ checksum mismatch" contains the word "lock"). Instead the cause is measured:
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import errno
 import fcntl
 import logging
 import os
 import resource
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -43,6 +45,8 @@ __all__ = [
     "holding_lock",
     "read_failure",
     "set_aside",
+    "set_aside_copies",
+    "set_aside_time",
     "write_failure",
 ]
 
@@ -188,4 +192,29 @@ def set_aside(path: str, reason: BaseException | str) -> str:
         "delete it when done) and rebuilt from the checkpoint root",
         path, reason, aside,
     )  # fmt: skip
+    # Only the newest is kept: damage that comes back (a disk going bad) would otherwise
+    # leave a whole copy behind at every rebuild, and fill the disk.
+    for older in set_aside_copies(path):
+        if older != aside:
+            shutil.rmtree(older, ignore_errors=True)
     return aside
+
+
+def set_aside_copies(path: str) -> list[str]:
+    """The folders the copy at ``path`` was set aside as (:func:`set_aside`), oldest first."""
+    folder, name = os.path.split(path)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    mark = f"{name}{_ASIDE_MARK}"
+    return [os.path.join(folder, n) for n in sorted(names) if n.startswith(mark)]
+
+
+def set_aside_time(aside: str) -> float | None:
+    """When the copy at ``aside`` was set aside (seconds since the epoch), from its name."""
+    stamp = os.path.basename(aside).rpartition(_ASIDE_MARK)[2].split("-", 1)[0]
+    try:
+        return calendar.timegm(time.strptime(stamp, "%Y%m%dT%H%M%SZ"))
+    except ValueError:
+        return None
