@@ -770,3 +770,41 @@ def test_a_worker_with_no_file_handle_left_is_under_pressure() -> None:
     )
     assert child.returncode == 0, child.stderr
     assert child.stdout.strip() == "True"
+
+
+# A lock taken on a full local disk (the lock file is made, writing the pid into it fails).
+FULL_DISK_LOCK_CHILD = r"""
+import json, os, subprocess, sys
+sys.path.insert(0, sys.argv[3])
+from statekeeper.spark._filelock import StoreLock
+from tests.small_tmpfs import fill
+
+local = sys.argv[2]
+copy = os.path.join(local, "op", "3")
+os.makedirs(os.path.dirname(copy))
+out = {"filled": fill(os.path.join(local, "filler"))}
+lock = StoreLock(copy)
+try:
+    lock.acquire(1.0)
+    out["full"] = "acquired"
+    lock.release()
+except Exception as exc:
+    out["full"] = f"{type(exc).__name__}: {exc}"
+other = subprocess.run(
+    [sys.executable, "-c", "import sys; from statekeeper.spark._filelock import StoreLock; "
+     "StoreLock(sys.argv[1]).acquire(2.0); print('acquired')", copy],
+    capture_output=True, text=True, env={**os.environ, "PYTHONPATH": sys.argv[3]},
+)
+out["other"] = other.stdout.strip() or other.stderr.strip()[-300:]
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def test_a_lock_taken_on_a_full_disk_is_taken_and_released(tmp_path: Path) -> None:
+    """Writing the holder's pid into the lock file failed with ENOSPC after the lock was
+    taken, and the failed acquire kept it: every task of the partition then timed out on
+    "locked by another process", also after space was freed."""
+    out = run_on_small_tmpfs(FULL_DISK_LOCK_CHILD, tmp_path / "root", tmp_path / "local")
+    assert out["filled"] == 28  # ENOSPC: the filesystem really was full
+    assert out["full"] == "acquired"
+    assert out["other"] == "acquired"

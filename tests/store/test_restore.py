@@ -216,3 +216,30 @@ def test_commits_and_cold_restore_on_s3(
         assert store.restore_info.base_kind == "empty"  # the local copy is ahead of 7
         assert dict(store.scan()) == _expected(7)
     assert "secret" not in repr(cold).lower()
+
+
+def test_a_restore_whose_lineage_record_cannot_be_written_releases_the_copy(
+    tmp_path: Path,
+) -> None:
+    """The restored copy was left open when its lineage record could not be written (a
+    full disk): the open raised a bare OSError, and every later open in the process failed
+    with "already open in this process"."""
+    root, local = str(tmp_path / "root"), tmp_path / "local"
+    config = sk.StoreConfig(local_dir=str(local), snapshot_every=2)
+    with sk.StateBackend(root, config=config) as backend:
+        with backend.open("op", 0) as store:
+            for i in range(3):
+                store.put(b"k%d" % i, b"v")
+                store.commit()
+        backend.wait_for_snapshots()
+        copy = backend.local_path("op", 0)
+    shutil.rmtree(copy)  # a new disk: restored from the snapshot at version 2
+    blocker = f"{copy}.lineage.json.tmp"
+    os.makedirs(blocker)  # the record's temporary name is taken: its write fails
+    with sk.StateBackend(root, config=config) as backend:
+        with pytest.raises(sk.StateKeeperError, match="cannot record the lineage"):
+            backend.open("op", 0)
+        os.rmdir(blocker)
+        with backend.open("op", 0) as store:
+            assert store.version == 3
+            assert store.get(b"k2") == b"v"

@@ -27,12 +27,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import time
 
 from statekeeper.errors import StateKeeperError
 
 __all__ = ["StoreBusyError", "StoreLock"]
+
+_log = logging.getLogger("statekeeper.spark")
 
 # A handover (the holder's janitor sees the request, closes the store, unlocks) takes tens of
 # milliseconds, and the waiting task's core idles meanwhile: poll finely at first, so the
@@ -87,8 +90,13 @@ class StoreLock:
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            # Who holds it, for another process's busy message; not worth failing over (a
+            # full disk): a lock left held by a failed acquire would refuse every task.
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            _log.debug("could not note this process in %s: %s", self.path, exc)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.request_path)  # served; other waiters renew their own request
         self._fd, self._used = fd, True

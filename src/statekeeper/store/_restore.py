@@ -191,10 +191,13 @@ def _from_snapshot(
     restored = open_copy()
     try:
         _check_restored(restored, plan, root_id, history)
+        restored.set_lineage(checkpoint_id, plan.base)
     except CorruptStateError:
         restored.destroy()
         raise
-    restored.set_lineage(checkpoint_id, plan.base)
+    except BaseException:
+        restored.close(flush=False)  # else this process could never open the copy again
+        raise
     return restored, snap
 
 

@@ -695,15 +695,25 @@ class WorkingCopy:
         return checkpoint_id, version
 
     def set_lineage(self, checkpoint_id: str | None, version: int) -> None:
-        """Record (or forget, with ``None``) the snapshot the copy's files descend from."""
+        """Record (or forget, with ``None``) the snapshot the copy's files descend from.
+
+        Raises:
+            StateKeeperError: the record cannot be written (a full disk, say).
+        """
         if checkpoint_id is None:
             forget_lineage(self.path)
             return
         tmp = f"{self.lineage_path}.tmp"
-        with _LINEAGE_LOCK:  # a background snapshot and snapshot_now may finish together
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump({"checkpointId": checkpoint_id, "version": version}, fh)
-            os.replace(tmp, self.lineage_path)
+        try:
+            with _LINEAGE_LOCK:  # a background snapshot and snapshot_now may finish together
+                with open(tmp, "w", encoding="utf-8") as fh:
+                    json.dump({"checkpointId": checkpoint_id, "version": version}, fh)
+                os.replace(tmp, self.lineage_path)
+        except OSError as exc:
+            raise StateKeeperError(
+                f"cannot record the lineage of the local working copy {self.path}: {exc}; "
+                f"{disk_note(self.path)}"
+            ) from exc
 
 
 _LINEAGE_LOCK = threading.Lock()
