@@ -6,7 +6,9 @@ sector or a torn write would leave it, and the store is opened (and read) again.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import random
 import subprocess
 import sys
@@ -21,7 +23,7 @@ import statekeeper as sk
 from statekeeper.errors import StateKeeperError
 from statekeeper.storage import LocalBlobStore
 from statekeeper.store import checked_items, set_aside_copies, set_aside_time
-from statekeeper.store._local_disk import set_aside
+from statekeeper.store._local_disk import DamagedCopyError, read_failure, set_aside
 
 KEYS = 3000
 
@@ -322,3 +324,24 @@ def test_only_the_newest_copy_set_aside_is_kept(tmp_path: Path) -> None:
     when = set_aside_time(aside)
     assert when is not None
     assert abs(when - time.time()) < 5
+
+
+@pytest.mark.parametrize(
+    "cause",
+    [
+        PermissionError(errno.EACCES, "Permission denied", "/x/op/0/CURRENT"),
+        Exception(
+            "IO error: While open a file for random read: /x/op/0/000008.sst: Permission denied"
+        ),
+    ],
+    ids=["OSError", "RocksDB"],
+)
+def test_a_copy_the_process_may_not_read_is_not_taken_for_damage(cause: Exception) -> None:
+    """Found by review (a copy left by another user): EACCES was taken for damage, and a
+    good copy was renamed aside and rebuilt, which fails the same way."""
+    problem = read_failure("/x/op/0", cause)
+    assert not isinstance(problem, DamagedCopyError)
+    assert "permission denied" in str(problem)
+    assert f"uid {os.getuid()}" in str(problem)
+    damaged = read_failure("/x/op/0", Exception("Corruption: block checksum mismatch"))
+    assert isinstance(damaged, DamagedCopyError)

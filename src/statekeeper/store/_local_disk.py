@@ -69,8 +69,14 @@ class DamagedCopyError(StateKeeperError):
 def read_failure(path: str, cause: BaseException) -> StateKeeperError:
     """What a failure to open or read the copy at ``path`` means: damage
     (:class:`DamagedCopyError`, so the copy is rebuilt), unless the process ran out of file
-    handles, which says nothing about the copy (setting it aside and rebuilding it would fail
-    the same way, and leave a copy behind each time)."""
+    handles, or may not read it: neither says anything about the copy (setting it aside and
+    rebuilding it would fail the same way, and leave a copy behind each time)."""
+    if _denied(cause):
+        return StateKeeperError(
+            f"cannot read the local working copy {path}: permission denied ({cause}). The "
+            f"process runs as uid {os.getuid()}: give it read and write access to {path} "
+            "and its folder, or point StoreConfig.local_dir at a folder it owns"
+        )
     if not _out_of_file_handles(cause):
         return DamagedCopyError(path, cause)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -96,6 +102,13 @@ def _is_corruption(cause: BaseException) -> bool:
     # RocksDB's Status::Corruption reads "Corruption: ..." (rocksdict raises a bare
     # Exception with that text); a background error it made sticky keeps the prefix.
     return "Corruption:" in str(cause)
+
+
+def _denied(cause: BaseException) -> bool:
+    if isinstance(cause, OSError) and cause.errno in (errno.EACCES, errno.EPERM):
+        return True
+    # RocksDB reports an IO error whose text ends with strerror(EACCES).
+    return os.strerror(errno.EACCES) in str(cause)
 
 
 def _out_of_file_handles(cause: BaseException) -> bool:
