@@ -18,12 +18,15 @@ problems.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import google_crc32c
 
@@ -52,7 +55,10 @@ from statekeeper.snapshot import (
 )
 from statekeeper.storage import BlobMeta, BlobStore
 
-__all__ = ["Problem", "VerifyReport", "verify_root"]
+__all__ = ["Problem", "TableCheck", "VerifyReport", "verify_root"]
+
+TableCheck = Callable[[list[Path]], list[str]]
+"""Given SST files, the names of those RocksDB cannot read whole."""
 
 _log = logging.getLogger("statekeeper.verify")
 
@@ -98,6 +104,7 @@ def verify_root(
     deep: bool = True,
     progress: Progress | None = None,
     root_id: str = "",
+    check_tables: TableCheck | None = None,
 ) -> VerifyReport:
     """Check every store of ``operators`` in the root.
 
@@ -112,6 +119,11 @@ def verify_root(
         deep: also download every blob and verify every checksum.
         progress: called with (blobs done, blobs in total) as the check advances.
         root_id: the root's id (manifests of another root are reported corrupt).
+        check_tables: with ``deep``, each snapshot's SST file whose checksum matches is
+            also written to a temporary folder and given to this, which returns the names
+            of those RocksDB cannot read whole: a file uploaded damaged, under a checksum
+            of its damaged bytes, passes the checksum but no restore can read it
+            (:func:`statekeeper.store._rocks.damaged_tables`).
 
     Raises:
         StorageError: a listing or read failed for a reason other than a missing blob.
@@ -123,6 +135,7 @@ def verify_root(
     for operator, partition, metas in stores:
         report.stores += 1
         check = _StoreCheck(blobs, operator, partition, metas, report, deep, root_id)
+        check.check_tables = check_tables
         if any(layout.parse_manifest_key(m.key) is not None for m in metas):
             check.run_manifest(progress, total)
         else:
@@ -169,6 +182,7 @@ class _StoreCheck:
         self.metas = {m.key: m for m in metas}
         self.foreign: dict[str, BlobMeta] = {}
         self.report, self.deep, self.root_id = report, deep, root_id
+        self.check_tables: TableCheck | None = None
 
     def problem(self, blob: str, kind: str, message: str) -> None:
         self.report.problems.append(Problem(self.store, blob, kind, message))
@@ -443,21 +457,37 @@ class _StoreCheck:
 
     def _check_file_crc(self, index_key: str, rel: str, entry: FileIndex, keys: list[str]) -> None:
         crc = 0
-        try:
-            for data in self.blobs.get_many(keys):
-                crc = google_crc32c.extend(crc, data)
-                self.report.bytes_checked += len(data)
-        except StateKeeperError as exc:
-            self.problem(keys[0], "missing", f"file {rel} of snapshot {index_key}: {exc}")
-            return
-        self.report.blobs_checked += len(keys)
-        if crc != entry.crc:
-            self.problem(
-                keys[0] if len(keys) == 1 else ", ".join(keys),
-                "corrupt",
-                f"file {rel} of snapshot {index_key}: CRC32C expected {entry.crc:#010x}, "
-                f"found {crc:#010x} (blobs {', '.join(keys)})",
-            )
+        table = self.check_tables is not None and rel.endswith(".sst")
+        with tempfile.TemporaryDirectory(prefix="statekeeper-verify-") as scratch:
+            copy = Path(scratch) / Path(rel).name
+            try:
+                with open(copy, "wb") if table else contextlib.nullcontext() as out:
+                    for data in self.blobs.get_many(keys):
+                        crc = google_crc32c.extend(crc, data)
+                        self.report.bytes_checked += len(data)
+                        if out is not None:
+                            out.write(data)
+            except StateKeeperError as exc:
+                self.problem(keys[0], "missing", f"file {rel} of snapshot {index_key}: {exc}")
+                return
+            self.report.blobs_checked += len(keys)
+            where = keys[0] if len(keys) == 1 else ", ".join(keys)
+            if crc != entry.crc:
+                self.problem(
+                    where,
+                    "corrupt",
+                    f"file {rel} of snapshot {index_key}: CRC32C expected {entry.crc:#010x}, "
+                    f"found {crc:#010x} (blobs {', '.join(keys)})",
+                )
+            elif table and self.check_tables is not None and self.check_tables([copy]):
+                self.problem(
+                    where,
+                    "corrupt",
+                    f"file {rel} of snapshot {index_key}: its checksum matches, but RocksDB "
+                    "cannot read it whole (a block fails its own checksum: it was damaged "
+                    "on a local disk before its upload), so no restore from this snapshot "
+                    "can read it",
+                )
 
 
 def _oldest_base(history: StoreHistory, latest: int) -> int | None:

@@ -345,3 +345,26 @@ def test_a_copy_the_process_may_not_read_is_not_taken_for_damage(cause: Exceptio
     assert f"uid {os.getuid()}" in str(problem)
     damaged = read_failure("/x/op/0", Exception("Corruption: block checksum mismatch"))
     assert isinstance(damaged, DamagedCopyError)
+
+
+def test_verify_deep_finds_a_snapshot_file_uploaded_damaged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Roots written before snapshots checked their files may hold an SST uploaded
+    damaged, under a checksum of the damaged bytes: ``verify --deep`` called such a root
+    intact while every restore from the snapshot failed."""
+    backend, copy = _committed(tmp_path)
+    backend.close()
+    sst = max(_ssts(copy), key=lambda p: p.stat().st_size)
+    _flip(sst, sst.stat().st_size // 3)
+    # The upload as it was before the check (this test makes the damaged root).
+    monkeypatch.setattr("statekeeper.store._snapshots.damaged_tables", lambda tables: [])
+    with _backend(tmp_path / "root", tmp_path / "local") as old, old.open("op", 0) as store:
+        assert store.snapshot_now() is not None
+    monkeypatch.undo()
+    with _backend(tmp_path / "root", tmp_path / "l2") as fresh:
+        assert fresh.verify(deep=False).problems == []  # only the deep check reads files
+        problems = fresh.verify(deep=True).problems
+        assert [(p.kind, p.store) for p in problems] == [("corrupt", "op/0")], problems
+        assert sst.name in problems[0].message
+        assert "cannot read it whole" in problems[0].message

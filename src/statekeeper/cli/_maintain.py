@@ -30,7 +30,12 @@ _DEFAULTS = StoreConfig()
 
 @cli.command()
 @root_arguments
-@click.option("--deep", is_flag=True, help="Also download every blob and check every checksum.")
+@click.option(
+    "--deep",
+    is_flag=True,
+    help="Also download every blob and check every checksum (and read every snapshot SST "
+    "file whole with RocksDB).",
+)
 @output_options
 @click.pass_context
 def verify(ctx: click.Context, root: str, storage_options: dict[str, str], deep: bool) -> None:

@@ -24,6 +24,7 @@ from statekeeper.store._export import ExportInfo, prepare_target, publish, stagi
 from statekeeper.store._overlay import check_progress
 from statekeeper.store._rescale import complete_rescale
 from statekeeper.store._restore import restore_copy
+from statekeeper.store._rocks import damaged_tables
 from statekeeper.store._root import FORMAT_VERSION, Retention, RootMetadata, RootRegistry
 from statekeeper.store._snapshots import Snapshotter, remove_stale_checkpoints
 from statekeeper.store._state_store import StateStore
@@ -378,7 +379,7 @@ class StateBackend:
         meta = self._registry.read()
         report = verify_root(
             self._blobs, self._operators(), deep=deep, progress=progress,
-            root_id="" if meta is None else meta.root_id,
+            root_id="" if meta is None else meta.root_id, check_tables=damaged_tables,
         )  # fmt: skip
         missing = None if meta is not None else self._registry.missing_metadata()
         if missing is not None:
