@@ -62,7 +62,8 @@ def test_the_report_section_names_every_field_and_the_key() -> None:
 
 def test_the_epoch_manifest_section_names_every_field() -> None:
     text = _section("Epoch manifests", raw=True)
-    block = text[text.index("```jsonc") : text.index("```", text.index("```jsonc") + 3)]
+    start = text.index("```json\n")
+    block = text[start : text.index("```", start + 3)]
     entry = StoreEntry(0, 8, "c", 5, "i")
     manifest = EpochManifest(7, "q", "r", 1, {"counts": 2}, {"counts": [entry]})
     doc = json.loads(manifest.to_json())
