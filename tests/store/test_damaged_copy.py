@@ -13,6 +13,7 @@ import random
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from statekeeper.errors import StateKeeperError
 from statekeeper.storage import LocalBlobStore
 from statekeeper.store import checked_items, set_aside_copies, set_aside_time
 from statekeeper.store._local_disk import DamagedCopyError, read_failure, set_aside
+from tests.blobstores import RecordingBlobStore
 
 KEYS = 3000
 
@@ -368,3 +370,57 @@ def test_verify_deep_finds_a_snapshot_file_uploaded_damaged(
         assert [(p.kind, p.store) for p in problems] == [("corrupt", "op/0")], problems
         assert sst.name in problems[0].message
         assert "cannot read it whole" in problems[0].message
+
+
+class _SnapshotDuringCommit(RecordingBlobStore):
+    """Holds the background snapshot's first blob call until the changelog of version
+    ``at`` is written, and holds that write until the snapshot is done: the snapshot ends
+    in the middle of the commit, between its start and its write to the working copy."""
+
+    def __init__(self, inner: LocalBlobStore, at: int) -> None:
+        super().__init__(inner)
+        self.changelog = f"/changelog/{at:020d}-"
+        self.reached = threading.Event()
+        self.snapshot_done = threading.Event()
+
+    def _record(self, op: str, key: str) -> None:
+        super()._record(op, key)
+        snapshot_thread = threading.current_thread().name.startswith("statekeeper-snapshot")
+        if snapshot_thread and not self.reached.is_set():
+            assert self.reached.wait(30), "the commit never came"
+        elif op == "put" and self.changelog in key:
+            self.reached.set()
+            assert self.snapshot_done.wait(30), "the snapshot never ended"
+
+
+def test_damage_a_snapshot_finds_during_a_commit_does_not_fail_the_commit(
+    tmp_path: Path,
+) -> None:
+    """The commit was published, then its write to the working copy raised the damage the
+    snapshot had just reported: an error for a version that is committed (with local[N],
+    whose tasks get one attempt, a failed query)."""
+    backend, copy = _committed(tmp_path)
+    backend.close()
+    sst = max(_ssts(copy), key=lambda p: p.stat().st_size)
+    _flip(sst, sst.stat().st_size // 3)
+    blobs = _SnapshotDuringCommit(LocalBlobStore(str(tmp_path / "root")), at=4)
+    config = sk.StoreConfig(local_dir=str(tmp_path / "local"), snapshot_every=1)
+    with sk.StateBackend(blobs, config=config) as flushing, flushing.open("op", 0) as store:
+        store.put(b"a", b"3")
+        assert store.commit().snapshot_scheduled  # version 3: its snapshot finds the damage
+        store.put(b"a", b"4")
+
+        def finish() -> None:
+            flushing.wait_for_snapshots()
+            blobs.snapshot_done.set()
+
+        waiter = threading.Thread(target=finish)
+        waiter.start()
+        assert store.commit().version == 4
+        waiter.join(30)
+        assert len(_aside(copy)) == 0  # not yet: the next call rebuilds the copy
+        store.put(b"a", b"5")
+        assert store.commit().version == 5
+        assert len(_aside(copy)) == 1
+        assert store.get(b"a") == b"5"
+        assert store.get(b"k02999") == _value(2999)

@@ -418,7 +418,9 @@ class WorkingCopy:
         previous one (the blob store has the new one: the next open catches up). If the
         write fails, the next call raises its error, as does every call after it.
         """
-        self.wait()
+        # Not wait(): a copy reported damaged meanwhile (by a snapshot) takes this write all
+        # the same, the version being committed; the store rebuilds it at its next call.
+        self._wait_behind()
         job = _Behind(version)
 
         def run() -> None:
@@ -445,8 +447,15 @@ class WorkingCopy:
                 :class:`DamagedCopyError` if RocksDB found the copy damaged, or a
                 snapshot did (:meth:`report_damage`): set it aside.
         """
+        job = self._behind
+        if job is not None and job.thread == threading.get_ident():
+            return  # the write's own calls
         if self._damage is not None:
             raise self._damage
+        self._wait_behind()
+
+    def _wait_behind(self) -> None:
+        """:meth:`wait` for the write only, whether or not the copy was reported damaged."""
         job = self._behind
         if job is None or job.thread == threading.get_ident():
             return
