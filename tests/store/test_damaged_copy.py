@@ -16,13 +16,14 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import rocksdict
 
 import statekeeper as sk
 from statekeeper.errors import StateKeeperError
-from statekeeper.storage import LocalBlobStore
+from statekeeper.storage import BlobStore, LocalBlobStore
 from statekeeper.store import checked_items, set_aside_copies, set_aside_time
 from statekeeper.store._local_disk import DamagedCopyError, read_failure, set_aside
 from tests.blobstores import RecordingBlobStore
@@ -59,6 +60,27 @@ def _flip(sst: Path, offset: int) -> None:
         byte = fh.read(1)
         fh.seek(offset)
         fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _damaged_where_nothing_reads(tmp_path: Path) -> tuple[Path, Path]:
+    """:func:`_committed`, closed, with a byte flipped in a data block of its largest SST
+    that no read of the tests below touches; returns the copy's folder and that SST."""
+    backend, copy = _committed(tmp_path)
+    backend.close()
+    sst = max(_ssts(copy), key=lambda p: p.stat().st_size)
+    _flip(sst, sst.stat().st_size // 3)
+    return copy, sst
+
+
+def _flushing(tmp_path: Path, blobs: BlobStore | None = None, **config: Any) -> sk.StateBackend:
+    """The root of :func:`_committed` with a copy flushed at every commit (L0 files pile up
+    and compactions run)."""
+    return sk.StateBackend(
+        blobs or LocalBlobStore(str(tmp_path / "root")),
+        config=sk.StoreConfig(
+            local_dir=str(tmp_path / "local"), local_checkpoint_interval_s=0, **config
+        ),
+    )
 
 
 def _ssts(copy: Path) -> list[Path]:
@@ -251,15 +273,8 @@ def test_damage_met_by_a_compaction_is_rebuilt_and_the_store_goes_on(tmp_path: P
     every write of the copy. The store sets the copy aside and rebuilds it at its committed
     version, and goes on. (It once reused the copy at every open, failing the same way for
     good, with an error that blamed the disk: "cannot flush ... N bytes are free".)"""
-    backend, copy = _committed(tmp_path)
-    backend.close()
-    sst = max(_ssts(copy), key=lambda p: p.stat().st_size)
-    _flip(sst, sst.stat().st_size // 3)
-    config = sk.StoreConfig(
-        local_dir=str(tmp_path / "local"), snapshot_every=10_000, local_checkpoint_interval_s=0
-    )
-    flushing = sk.StateBackend(LocalBlobStore(str(tmp_path / "root")), config=config)
-    with flushing.open("op", 0) as store:
+    copy, _sst = _damaged_where_nothing_reads(tmp_path)
+    with _flushing(tmp_path, snapshot_every=10_000) as flushing, flushing.open("op", 0) as store:
         assert store.restore_info.base_kind == "local"
         for n in range(200):  # each commit flushes: L0 files pile up, and a compaction runs
             store.put(b"new%05d" % n, b"v")
@@ -282,16 +297,10 @@ def test_a_snapshot_never_uploads_a_damaged_file(tmp_path: Path) -> None:
     GC dropped the changelogs below the snapshot (every restore from it failed with
     "block checksum mismatch", and ``verify --deep`` called the root intact). The copy is
     rebuilt from the blob store and the next snapshot is whole."""
-    backend, copy = _committed(tmp_path)
-    backend.close()
-    sst = max(_ssts(copy), key=lambda p: p.stat().st_size)
-    _flip(sst, sst.stat().st_size // 3)
-    config = sk.StoreConfig(
-        local_dir=str(tmp_path / "local"), snapshot_every=3, local_checkpoint_interval_s=0
-    )
+    copy, _sst = _damaged_where_nothing_reads(tmp_path)
     expected = {b"k%05d" % i: _value(i) for i in range(KEYS)}
     states: dict[int, dict[bytes, bytes]] = {}
-    with sk.StateBackend(LocalBlobStore(str(tmp_path / "root")), config=config) as flushing:
+    with _flushing(tmp_path, snapshot_every=3) as flushing:
         with flushing.open("op", 0) as store:
             for version in range(3, 8):
                 store.put(b"new%d" % version, b"v")
@@ -355,10 +364,7 @@ def test_verify_deep_finds_a_snapshot_file_uploaded_damaged(
     """Roots written before snapshots checked their files may hold an SST uploaded
     damaged, under a checksum of the damaged bytes: ``verify --deep`` called such a root
     intact while every restore from the snapshot failed."""
-    backend, copy = _committed(tmp_path)
-    backend.close()
-    sst = max(_ssts(copy), key=lambda p: p.stat().st_size)
-    _flip(sst, sst.stat().st_size // 3)
+    _copy, sst = _damaged_where_nothing_reads(tmp_path)
     # The upload as it was before the check (this test makes the damaged root).
     monkeypatch.setattr("statekeeper.store._snapshots.damaged_tables", lambda tables: [])
     with _backend(tmp_path / "root", tmp_path / "local") as old, old.open("op", 0) as store:
@@ -399,10 +405,7 @@ def test_damage_a_snapshot_finds_during_a_commit_does_not_fail_the_commit(
     """The commit was published, then its write to the working copy raised the damage the
     snapshot had just reported: an error for a version that is committed (with local[N],
     whose tasks get one attempt, a failed query)."""
-    backend, copy = _committed(tmp_path)
-    backend.close()
-    sst = max(_ssts(copy), key=lambda p: p.stat().st_size)
-    _flip(sst, sst.stat().st_size // 3)
+    copy, _sst = _damaged_where_nothing_reads(tmp_path)
     blobs = _SnapshotDuringCommit(LocalBlobStore(str(tmp_path / "root")), at=4)
     config = sk.StoreConfig(local_dir=str(tmp_path / "local"), snapshot_every=1)
     with sk.StateBackend(blobs, config=config) as flushing, flushing.open("op", 0) as store:
