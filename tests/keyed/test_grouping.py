@@ -5,6 +5,8 @@ same input in memory, and holds one chunk of Python rows at a time, not the part
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +19,7 @@ import pytest
 from statekeeper import StateBackend, StoreConfig
 from statekeeper.keyed import StatefulProcessor, StatefulProcessorHandle
 from statekeeper.keyed._layout import META_KEY
-from statekeeper.keyed.grouping import KEY_GROUP_COLUMN, KeyedInput
+from statekeeper.keyed.grouping import KEY_GROUP_COLUMN, KeyedInput, sweep_dead_spills
 from statekeeper.keyed.runner import RunStats, TimeSpec, run_processor
 
 GROUPS = 64
@@ -167,3 +169,26 @@ def test_python_rows_are_made_one_chunk_at_a_time(tmp_path: Path) -> None:
     assert emitted > 15_000  # one row per key
     # The store's uncommitted writes (one per key) stay in the heap; the rows do not.
     assert peak < whole / 3, f"peak {peak / 2**20:.1f} MiB, every row {whole / 2**20:.1f} MiB"
+
+
+def test_the_spill_folders_of_workers_that_ended_are_swept(tmp_path: Path) -> None:
+    """A worker killed mid-task (by Spark, or by the kernel for its memory) never deletes
+    its spilled input; the folders stayed until the executor went away."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    dead = tmp_path / f"sk-spill-{int(ended.stdout)}-abc"
+    mine = tmp_path / f"sk-spill-{os.getpid()}-def"
+    older = tmp_path / "sk-spill-x1y2"  # named before folders carried their pid: kept
+    for folder in (dead, mine, older):
+        folder.mkdir()
+        (folder / "run-0.arrow").write_bytes(b"rows")
+    assert sweep_dead_spills(str(tmp_path)) == [str(dead)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, older.name])
+    source = KeyedInput(grouped=True, spill_bytes=1, spill_dir=str(tmp_path))
+    for batch in _batches(rows=100, keys=10, per_batch=50):
+        source.add(batch)
+    assert source.runs_spilled >= 1
+    spilled = [p for p in tmp_path.iterdir() if p.name not in (mine.name, older.name)]
+    assert [p.name.split("-")[2] for p in spilled] == [str(os.getpid())]  # named by pid
+    assert sweep_dead_spills(str(tmp_path)) == []  # this process runs: its folder stays
+    source.close()

@@ -44,11 +44,14 @@ from statekeeper.keyed._pandas import frame_of
 from statekeeper.keyed._row_type import build_rows
 from statekeeper.keyed.arrow_keys import encode_keys
 
-__all__ = ["KEY_GROUP_COLUMN", "Grouped", "KeyedInput", "iter_groups"]
+__all__ = ["KEY_GROUP_COLUMN", "Grouped", "KeyedInput", "iter_groups", "sweep_dead_spills"]
 
 KEY_GROUP_COLUMN = "__statekeeper_key_group"
 """The input column that carries each row's key group (dropped before the processor)."""
 
+_SPILL_PREFIX = "sk-spill-"
+"""Spill folders are ``<spill dir>/sk-spill-<pid>-<random>``: the pid of the worker whose
+runs they hold, so that the folders of one killed before its ``close`` can be told."""
 SPILL_BYTES = 64 * 1024 * 1024
 """Arrow bytes of input a task holds in memory before it spills them as a sorted run."""
 MIN_CHUNK_ROWS = 1024
@@ -272,7 +275,7 @@ class KeyedInput:
             base = self.spill_dir
             if base is not None:
                 os.makedirs(base, exist_ok=True)
-            self._folder = tempfile.mkdtemp(prefix="sk-spill-", dir=base)
+            self._folder = tempfile.mkdtemp(prefix=f"{_SPILL_PREFIX}{os.getpid()}-", dir=base)
         path = os.path.join(self._folder, f"run-{len(self._runs)}.arrow")
         with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, run.table.schema) as writer:
             writer.write_table(run.table)
@@ -316,6 +319,37 @@ class KeyedInput:
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
+
+
+def sweep_dead_spills(spill_dir: str | None) -> list[str]:
+    """Delete the spill folders in ``spill_dir`` (``None``: the system's temporary folder)
+    of processes that no longer run (a worker killed by Spark or by the kernel mid-task
+    never deletes its own); returns those deleted."""
+    base = tempfile.gettempdir() if spill_dir is None else spill_dir
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        pid_text = name[len(_SPILL_PREFIX) :].partition("-")[0]
+        if not name.startswith(_SPILL_PREFIX) or not pid_text.isdigit():
+            continue  # not a spill folder, or one from before folders named their pid
+        if _alive(int(pid_text)):
+            continue
+        shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+        removed.append(os.path.join(base, name))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: running
+    return True
 
 
 def _ranges(counts: Any, target: int) -> Iterator[tuple[int, int]]:

@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 
 from statekeeper.config import StoreConfig
 from statekeeper.errors import StateKeeperError, StateNotFoundError
+from statekeeper.keyed.grouping import sweep_dead_spills
 from statekeeper.spark._filelock import StoreLock
 from statekeeper.store import (
     RestoreInfo,
@@ -77,6 +78,7 @@ __all__ = [
     "Lease",
     "StoreCache",
     "StoreSpec",
+    "spill_dir",
     "worker_config",
     "worker_root",
 ]
@@ -432,6 +434,8 @@ class StoreCache:
                     self.sweep_local_copies()
                 except (StateKeeperError, OSError):
                     _log.exception("could not sweep unused local working copies")
+                if left := sweep_dead_spills(spill_dir()):
+                    _log.info("deleted the spilled input of workers that ended: %s", left)
 
     def _close_doomed(
         self, now: float, folders: Collection[str] | None = None
@@ -632,10 +636,18 @@ def worker_config(config: StoreConfig) -> StoreConfig:
     """``config`` with ``local_dir`` defaulted to this executor's Spark local directory."""
     if config.local_dir is not None:
         return config
-    spark_dirs = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d.strip()]
-    if not spark_dirs:
+    spark_dir = spill_dir()
+    if spark_dir is None:
         return config
-    return dataclasses.replace(config, local_dir=os.path.join(spark_dirs[0], "statekeeper"))
+    return dataclasses.replace(config, local_dir=os.path.join(spark_dir, "statekeeper"))
+
+
+def spill_dir() -> str | None:
+    """This executor's Spark local directory (Spark gives its Python workers
+    ``SPARK_LOCAL_DIRS``), where a task spills its input; ``None``: not in a Spark worker
+    (the system's temporary folder is used)."""
+    spark_dirs = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d.strip()]
+    return spark_dirs[0] if spark_dirs else None
 
 
 def _open(backend: StateBackend, spec: StoreSpec, partition: int, version: int) -> StateStore:

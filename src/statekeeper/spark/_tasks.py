@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from statekeeper.history import StoreHistory
 from statekeeper.keyed import StatefulProcessor
 from statekeeper.keyed.grouping import KeyedInput
 from statekeeper.keyed.runner import BatchTime
-from statekeeper.spark._cache import CACHE, Lease, StoreSpec
+from statekeeper.spark._cache import CACHE, Lease, StoreSpec, spill_dir
 from statekeeper.spark._initial import Staged, initial_rows
 from statekeeper.spark._partition import Partitioning, TaskInput, peek_partition
 from statekeeper.spark._reports import TaskIdentity, report_task
@@ -227,7 +226,7 @@ def rows_task(spec: TaskSpec, processor: StatefulProcessor, batches: Any) -> Ite
     # The whole input is read before the first key runs (a key's rows may come last), into
     # runs spilled by key group beyond a budget: memory stays bounded (keyed.grouping).
     source = KeyedInput(
-        grouped=spec.key_groups is not None, spill_dir=_spill_dir(),
+        grouped=spec.key_groups is not None, spill_dir=spill_dir(),
         event_time_column=spec.time.event_time_column,
     )  # fmt: skip
     try:
@@ -262,13 +261,6 @@ def rows_task(spec: TaskSpec, processor: StatefulProcessor, batches: Any) -> Ite
         source.close()
     CACHE.release(lease, ok=True)
     report_task(lease, info, stats, ctx, time.perf_counter() - started)
-
-
-def _spill_dir() -> str | None:
-    """Spark's local directory of this executor (it gives Python workers
-    ``SPARK_LOCAL_DIRS``), where spilled input goes; ``None``: the system's temporary one."""
-    dirs = os.environ.get("SPARK_LOCAL_DIRS", "")
-    return dirs.split(",")[0] or None
 
 
 def arrow_task(spec: TaskSpec, fn: ArrowFunction, batches: Any) -> Iterator[Any]:
