@@ -18,7 +18,6 @@ problems.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -27,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO, TypeVar
 
 import google_crc32c
 
@@ -56,6 +56,8 @@ from statekeeper.snapshot import (
 from statekeeper.storage import BlobMeta, BlobStore
 
 __all__ = ["Problem", "TableCheck", "VerifyReport", "verify_root"]
+
+_T = TypeVar("_T")
 
 TableCheck = Callable[[list[Path]], list[str]]
 """Given SST files, the names of those RocksDB cannot read whole."""
@@ -457,19 +459,18 @@ class _StoreCheck:
 
     def _check_file_crc(self, index_key: str, rel: str, entry: FileIndex, keys: list[str]) -> None:
         crc = 0
-        table = self.check_tables is not None and rel.endswith(".sst")
         with tempfile.TemporaryDirectory(prefix="statekeeper-verify-") as scratch:
-            copy = Path(scratch) / Path(rel).name
+            copy = _TableCopy(Path(scratch) / Path(rel).name, self.check_tables, rel)
             try:
-                with open(copy, "wb") if table else contextlib.nullcontext() as out:
-                    for data in self.blobs.get_many(keys):
-                        crc = google_crc32c.extend(crc, data)
-                        self.report.bytes_checked += len(data)
-                        if out is not None:
-                            out.write(data)
+                for data in self.blobs.get_many(keys):
+                    crc = google_crc32c.extend(crc, data)
+                    self.report.bytes_checked += len(data)
+                    copy.write(data)
             except StateKeeperError as exc:
                 self.problem(keys[0], "missing", f"file {rel} of snapshot {index_key}: {exc}")
                 return
+            finally:
+                copy.close()
             self.report.blobs_checked += len(keys)
             where = keys[0] if len(keys) == 1 else ", ".join(keys)
             if crc != entry.crc:
@@ -479,7 +480,7 @@ class _StoreCheck:
                     f"file {rel} of snapshot {index_key}: CRC32C expected {entry.crc:#010x}, "
                     f"found {crc:#010x} (blobs {', '.join(keys)})",
                 )
-            elif table and self.check_tables is not None and self.check_tables([copy]):
+            elif copy.damaged():
                 self.problem(
                     where,
                     "corrupt",
@@ -488,6 +489,40 @@ class _StoreCheck:
                     "on a local disk before its upload), so no restore from this snapshot "
                     "can read it",
                 )
+
+
+class _TableCopy:
+    """A temporary copy of a snapshot's SST file for ``check`` to read whole. A copy that
+    cannot be written (a full temporary folder) or checked leaves the file to its CRC
+    alone, with a WARNING: that is this machine's problem, not the root's."""
+
+    def __init__(self, path: Path, check: TableCheck | None, rel: str) -> None:
+        self._path, self._check, self._rel = path, check, rel
+        self._out: BinaryIO | None = None
+        if check is not None and rel.endswith(".sst"):
+            self._out = self._guard(lambda: open(path, "wb"))  # noqa: SIM115 - closed below
+
+    def _guard(self, fn: Callable[[], _T]) -> _T | None:
+        try:
+            return fn()
+        except (OSError, StateKeeperError) as exc:
+            _log.warning("verify: %s is checked by its CRC only: %s", self._rel, exc)
+            self._check = None
+            return None
+
+    def write(self, data: bytes) -> None:
+        if self._out is not None and self._check is not None:
+            self._guard(lambda: self._out.write(data) if self._out else None)
+
+    def close(self) -> None:
+        if self._out is not None:
+            self._guard(self._out.close)
+
+    def damaged(self) -> bool:
+        check = self._check
+        if self._out is None or check is None:
+            return False
+        return bool(self._guard(lambda: check([self._path])))
 
 
 def _oldest_base(history: StoreHistory, latest: int) -> int | None:

@@ -457,6 +457,11 @@ def test_copies_set_aside_as_damaged_are_deleted_after_the_ttl(
     assert not os.path.exists(aside)
     assert lease.store.get(b"k") == b"0"
     cache.release(lease, ok=True)
+    # One whose copy is gone (its partition moved to another executor) goes too.
+    cache.close_all()
+    os.rename(path, aside)
+    assert cache.sweep_local_copies(now=time.time() + 2 * 3600) == [aside]
+    assert not os.path.exists(aside)
 
 
 def test_asking_ahead_hands_an_idle_store_over_before_the_acquire(spec: StoreSpec) -> None:

@@ -26,6 +26,7 @@ from statekeeper.errors import StateKeeperError
 from statekeeper.storage import BlobStore, LocalBlobStore
 from statekeeper.store import checked_items, set_aside_copies, set_aside_time
 from statekeeper.store._local_disk import DamagedCopyError, read_failure, set_aside
+from statekeeper.store._rocks import damaged_tables
 from tests.blobstores import RecordingBlobStore
 
 KEYS = 3000
@@ -427,3 +428,79 @@ def test_damage_a_snapshot_finds_during_a_commit_does_not_fail_the_commit(
         assert len(_aside(copy)) == 1
         assert store.get(b"a") == b"5"
         assert store.get(b"k02999") == _value(2999)
+
+
+def test_damage_found_in_a_multi_part_commit_does_not_fail_it(tmp_path: Path) -> None:
+    """The same meeting, in a commit of several changelog parts, whose write to the copy
+    is not behind it: it raised the damage as a failure of the committed version."""
+    copy, _sst = _damaged_where_nothing_reads(tmp_path)
+    blobs = _SnapshotDuringCommit(LocalBlobStore(str(tmp_path / "root")), at=4)
+    config = sk.StoreConfig(
+        local_dir=str(tmp_path / "local"), snapshot_every=1, changelog_part_bytes=64
+    )
+    with sk.StateBackend(blobs, config=config) as flushing, flushing.open("op", 0) as store:
+        store.put(b"a", b"3")
+        assert store.commit().snapshot_scheduled
+        for n in range(20):
+            store.put(b"b%02d" % n, b"4" * 10)  # more than one part
+
+        def finish() -> None:
+            flushing.wait_for_snapshots()
+            blobs.snapshot_done.set()
+
+        waiter = threading.Thread(target=finish)
+        waiter.start()
+        assert store.commit().version == 4
+        waiter.join(30)
+        assert store.get(b"b19") == b"4" * 10  # the next call rebuilt the copy
+        assert len(_aside(copy)) == 1
+
+
+class _SnapshotAfterClose(RecordingBlobStore):
+    """Holds the background snapshot's first blob call until ``closed`` is set."""
+
+    def __init__(self, inner: LocalBlobStore) -> None:
+        super().__init__(inner)
+        self.closed = threading.Event()
+
+    def _record(self, op: str, key: str) -> None:
+        super()._record(op, key)
+        if threading.current_thread().name.startswith("statekeeper-snapshot"):
+            assert self.closed.wait(30), "the store was never closed"
+
+
+def test_damage_a_snapshot_finds_after_its_store_closed_sets_the_copy_aside(
+    tmp_path: Path,
+) -> None:
+    """A handover closes the store, then waits for its snapshot: damage the snapshot found
+    then was noted on a closed copy and dropped, and the next holder reopened it."""
+    copy, _sst = _damaged_where_nothing_reads(tmp_path)
+    blobs = _SnapshotAfterClose(LocalBlobStore(str(tmp_path / "root")))
+    config = sk.StoreConfig(local_dir=str(tmp_path / "local"), snapshot_every=1)
+    with sk.StateBackend(blobs, config=config) as backend:
+        store = backend.open("op", 0)
+        store.put(b"a", b"3")
+        assert store.commit().snapshot_scheduled
+        store.close()
+        blobs.closed.set()
+        backend.wait_for_snapshots()
+        assert len(_aside(copy)) == 1
+        with backend.open("op", 0) as again:
+            assert again.restore_info.base_kind != "local"  # rebuilt, not the damaged copy
+            assert again.get(b"a") == b"3"
+
+
+def test_an_sst_file_writer_file_is_checked_and_not_taken_for_damage(tmp_path: Path) -> None:
+    """A rescale ingests SstFileWriter files, which name no column family: RocksDB's
+    repairer refuses them whole, and verify --deep called every merged store unrestorable."""
+    table = tmp_path / "files" / "000123.sst"
+    table.parent.mkdir()
+    writer = rocksdict.SstFileWriter(rocksdict.Options(raw_mode=True))
+    writer.open(str(table))
+    for i in range(KEYS):
+        writer[b"k%05d" % i] = _value(i)
+    writer.finish()
+    assert damaged_tables([table]) == []
+    _flip(table, table.stat().st_size // 3)
+    assert damaged_tables([table]) == [table.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["files"]  # no scratch left

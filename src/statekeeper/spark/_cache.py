@@ -68,7 +68,6 @@ from statekeeper.store import (
     StateBackend,
     StateStore,
     remove_unused_copy,
-    set_aside_copies,
     set_aside_time,
 )
 
@@ -488,13 +487,13 @@ class StoreCache:
             for path in _copies_under(folder):
                 if path not in held and _unused_for(path, now) >= ttl and _remove(path, ttl, now):
                     removed.append(path)
-                # A copy set aside as damaged is kept for inspection as long as an unused
-                # copy is, whether or not its copy is still in use.
-                for aside in set_aside_copies(path):
-                    when = set_aside_time(aside)
-                    if when is not None and now - when >= ttl:
-                        shutil.rmtree(aside, ignore_errors=True)
-                        removed.append(aside)
+            # A copy set aside as damaged is kept for inspection as long as an unused copy
+            # is, whether or not its copy is still in use, or still there.
+            for aside in _copies_under(folder, set_aside=True):
+                when = set_aside_time(aside)
+                if when is not None and now - when >= ttl:
+                    shutil.rmtree(aside, ignore_errors=True)
+                    removed.append(aside)
         if removed:
             _log.info(
                 "deleted %s local working copies unused for their local_copy_ttl_s: %s",
@@ -548,16 +547,25 @@ def _idle_since(entry: _Entry) -> float:
     return entry.idle_since
 
 
-def _copies_under(root_folder: str) -> list[str]:
-    """Working copy folders of one root: ``<operator>/<partition>`` below its folder."""
+def _copies_under(root_folder: str, *, set_aside: bool = False) -> list[str]:
+    """Working copy folders of one root: ``<operator>/<partition>`` below its folder (with
+    ``set_aside``: the copies set aside as damaged there, ``<partition>.damaged-*``)."""
     copies: list[str] = []
     with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(root_folder) as ops:
         for operator in [op for op in ops if op.is_dir(follow_symlinks=False)]:
             with contextlib.suppress(FileNotFoundError), os.scandir(operator.path) as children:
                 copies.extend(
-                    c.path for c in children if c.name.isdigit() and c.is_dir(follow_symlinks=False)
+                    c.path
+                    for c in children
+                    if c.is_dir(follow_symlinks=False)
+                    and (_is_set_aside(c.name) if set_aside else c.name.isdigit())
                 )
     return sorted(copies)
+
+
+def _is_set_aside(name: str) -> bool:
+    partition, mark, _ = name.partition(".damaged-")
+    return bool(mark) and partition.isdigit()
 
 
 def _unused_for(path: str, now: float) -> float:

@@ -314,13 +314,37 @@ def damaged_tables(tables: Sequence[Path]) -> list[str]:
             os.link(table, scratch / table.name)
         rocksdict.Rdict.repair(str(scratch), rocksdict.Options(raw_mode=True))
         lost = scratch / "lost"
-        return sorted(os.listdir(lost)) if lost.is_dir() else []
+        refused = sorted(os.listdir(lost)) if lost.is_dir() else []
+        return [name for name in refused if not _whole_once_ingested(lost / name, scratch)]
     except Exception as exc:  # rocksdict raises a bare Exception; OSError from the links
         raise StateKeeperError(
             f"cannot check the SST files of {tables[0].parent} before their upload: {exc}"
         ) from exc
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _whole_once_ingested(table: Path, scratch: Path) -> bool:
+    """Whether ``table``, which the repairer refused, reads whole once ingested into a
+    database of its own. The repairer also refuses the intact files of ``SstFileWriter``
+    (a rescale ingests them): they name no column family. Ingestion takes only those
+    (a database's own files lack its version property), and a full read of the database
+    then checks every block of the file."""
+    db_path = scratch / f"ingest-{table.name}"
+    db = rocksdict.Rdict(str(db_path), rocksdict.Options(raw_mode=True))
+    try:
+        try:
+            db.ingest_external_file([str(table)])
+        except Exception:  # noqa: BLE001 - not a file SstFileWriter made: damaged
+            return False
+        try:
+            for _ in checked_items(db):
+                pass
+        except StateKeeperError:
+            return False
+        return True
+    finally:
+        db.close()
 
 
 def background_env() -> rocksdict.Env:

@@ -584,6 +584,11 @@ class StateStore:
                         dirty=i + 1 < len(slices),
                     )  # fmt: skip
                 self._copy.flush_if_due()
+        except DamagedCopyError as exc:
+            if self._rebuild is None:
+                raise self._local_failure(version, attempt, exc, committed=True) from exc
+            # The version is committed: the store's next call rebuilds the copy at it.
+            self._copy.report_damage(exc)
         except StateKeeperError as exc:
             raise self._local_failure(version, attempt, exc, committed=True) from exc
 

@@ -213,8 +213,32 @@ class WorkingCopy:
         """Take note that the copy is damaged where nothing read it yet (a snapshot found a
         file that fails its checksums): from now on every call raises ``damage``, so the
         store rebuilds the copy, and closing it sets it aside (another process must not
-        reopen it as it is)."""
+        reopen it as it is). A copy closed already (its snapshot uploads after the close)
+        is set aside now, unless this process opened it again meanwhile (that copy's own
+        snapshot finds the damage)."""
         self._damage = damage
+        with self._lock:
+            closed = self._closed
+        if closed:
+            self._set_aside_if_damaged()
+
+    def _set_aside_if_damaged(self) -> None:
+        damage, self._damage = self._damage, None
+        if damage is None:
+            return
+        with _open_paths_lock:
+            if self.path in _open_paths:
+                return  # open again in this process
+            _open_paths.add(self.path)
+        try:
+            with holding_lock(self.path, damage):
+                set_aside(self.path, damage)
+            self.set_lineage(None, 0)
+        except StateKeeperError as exc:
+            _log.warning("%s; the next open of %s may find it damaged", exc, self.path)
+        finally:
+            with _open_paths_lock:
+                _open_paths.discard(self.path)
 
     def set_aside(self, reason: BaseException | str) -> str:
         """Close (without flushing) and rename the copy out of the way, kept for inspection;
@@ -637,12 +661,12 @@ class WorkingCopy:
         if self._closed:
             return
         try:
-            self.wait()
+            self._wait_behind()  # also when damaged: never close under the write's feet
         except StateKeeperError as exc:
             _log.warning("%s; closing the copy anyway: the next open catches up", exc)
             self._behind = None
         try:
-            if flush:
+            if flush and self._damage is None:
                 try:
                     self.flush()
                 except StateKeeperError as exc:
@@ -659,13 +683,7 @@ class WorkingCopy:
             finally:
                 with _open_paths_lock:
                     _open_paths.discard(self.path)
-        if self._damage is not None:
-            try:
-                with holding_lock(self.path, self._damage):
-                    set_aside(self.path, self._damage)
-                self.set_lineage(None, 0)
-            except StateKeeperError as exc:
-                _log.warning("%s; the next open of %s may find it damaged", exc, self.path)
+        self._set_aside_if_damaged()
 
     def destroy(self) -> None:
         """Close and delete the working copy directory, its lineage record and its upload
