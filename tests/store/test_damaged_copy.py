@@ -399,6 +399,22 @@ class _SnapshotDuringCommit(RecordingBlobStore):
             self.reached.set()
             assert self.snapshot_done.wait(30), "the snapshot never ended"
 
+    def commit_meeting_the_snapshot(
+        self, backend: sk.StateBackend, store: sk.StateStore
+    ) -> sk.CommitInfo:
+        """Commit ``store`` while the snapshot already scheduled ends in the middle."""
+
+        def finish() -> None:
+            backend.wait_for_snapshots()
+            self.snapshot_done.set()
+
+        waiter = threading.Thread(target=finish)
+        waiter.start()
+        try:
+            return store.commit()
+        finally:
+            waiter.join(30)
+
 
 def test_damage_a_snapshot_finds_during_a_commit_does_not_fail_the_commit(
     tmp_path: Path,
@@ -413,15 +429,7 @@ def test_damage_a_snapshot_finds_during_a_commit_does_not_fail_the_commit(
         store.put(b"a", b"3")
         assert store.commit().snapshot_scheduled  # version 3: its snapshot finds the damage
         store.put(b"a", b"4")
-
-        def finish() -> None:
-            flushing.wait_for_snapshots()
-            blobs.snapshot_done.set()
-
-        waiter = threading.Thread(target=finish)
-        waiter.start()
-        assert store.commit().version == 4
-        waiter.join(30)
+        assert blobs.commit_meeting_the_snapshot(flushing, store).version == 4
         assert len(_aside(copy)) == 0  # not yet: the next call rebuilds the copy
         store.put(b"a", b"5")
         assert store.commit().version == 5
@@ -443,15 +451,7 @@ def test_damage_found_in_a_multi_part_commit_does_not_fail_it(tmp_path: Path) ->
         assert store.commit().snapshot_scheduled
         for n in range(20):
             store.put(b"b%02d" % n, b"4" * 10)  # more than one part
-
-        def finish() -> None:
-            flushing.wait_for_snapshots()
-            blobs.snapshot_done.set()
-
-        waiter = threading.Thread(target=finish)
-        waiter.start()
-        assert store.commit().version == 4
-        waiter.join(30)
+        assert blobs.commit_meeting_the_snapshot(flushing, store).version == 4
         assert store.get(b"b19") == b"4" * 10  # the next call rebuilt the copy
         assert len(_aside(copy)) == 1
 
