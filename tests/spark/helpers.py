@@ -228,3 +228,12 @@ def has_heartbeats(df: DataFrame) -> bool:
     with contextlib.redirect_stdout(out):
         df.explain()
     return "__statekeeper_heartbeat" in out.getvalue()
+
+
+def json_key_names(doc: object) -> set[str]:
+    """Every key of every object in a decoded JSON document, however deep."""
+    if isinstance(doc, dict):
+        return set(doc) | {k for v in doc.values() for k in json_key_names(v)}
+    if isinstance(doc, list):
+        return {k for v in doc for k in json_key_names(v)}
+    return set()

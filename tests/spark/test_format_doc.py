@@ -20,6 +20,7 @@ from statekeeper.keyed._layout import (
 )
 from statekeeper.reports import KEEP_BATCHES, PRUNE_EVERY, TaskReport, encode_report
 from statekeeper.store import DEFAULT_KEY_GROUPS
+from tests.spark.helpers import json_key_names
 
 DOC = (Path(__file__).parents[2] / "docs" / "format.md").read_text()
 
@@ -67,13 +68,5 @@ def test_the_epoch_manifest_section_names_every_field() -> None:
     entry = StoreEntry(0, 8, "c", 5, "i")
     manifest = EpochManifest(7, "q", "r", 1, {"counts": 2}, {"counts": [entry]})
     doc = json.loads(manifest.to_json())
-
-    def names(value: object) -> set[str]:
-        if isinstance(value, dict):
-            return set(value) | {n for v in value.values() for n in names(v)}
-        if isinstance(value, list):
-            return {n for v in value for n in names(v)}
-        return set()
-
-    assert set(re.findall(r'"(\w+)":', block)) == names(doc)
+    assert set(re.findall(r'"(\w+)":', block)) == json_key_names(doc)
     assert f'"formatVersion": {EPOCH_FORMAT_VERSION}' in block

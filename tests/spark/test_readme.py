@@ -24,6 +24,7 @@ from statekeeper.changelog import HEADER_SIZE, MAGIC
 from statekeeper.cli import cli
 from statekeeper.store._root import RootMetadata
 from tests.spark.conftest import SparkHolder
+from tests.spark.helpers import json_key_names
 
 pytestmark = pytest.mark.spark
 
@@ -159,16 +160,8 @@ def test_format_doc_matches_the_code(tmp_path: Path) -> None:
     assert metrics is not None
     index = json.loads((tmp_path / "root" / metrics.index_blob).read_text())
     documented = set(re.findall(r'"(\w+)":', blocks(text, "json")[1]))
-    actual = _keys(index)
+    actual = json_key_names(index)
     assert documented == actual
-
-
-def _keys(doc: object) -> set[str]:
-    if isinstance(doc, dict):
-        return set(doc) | {k for v in doc.values() for k in _keys(v)}
-    if isinstance(doc, list):
-        return {k for v in doc for k in _keys(v)}
-    return set()
 
 
 def test_every_public_name_is_documented() -> None:
