@@ -19,12 +19,20 @@ from statekeeper import (
     ConfigMismatchError,
     StateKeeperError,
     StateNotFoundError,
+    StateStore,
     StoreConfig,
     layout,
 )
 from statekeeper.metrics import read_commit_metrics
 from statekeeper.spark import StoreBusyError
-from statekeeper.spark._cache import IDLE_CLOSE_S, Lease, StoreCache, StoreSpec, _RequestWatch
+from statekeeper.spark._cache import (
+    IDLE_CLOSE_S,
+    IDLE_FLUSH_S,
+    Lease,
+    StoreCache,
+    StoreSpec,
+    _RequestWatch,
+)
 from statekeeper.spark._filelock import StoreLock
 from tests.small_tmpfs import run_on_small_tmpfs
 
@@ -129,13 +137,65 @@ def test_a_store_not_kept_is_closed_with_its_snapshot_uploaded_when_released(
     _assert_closed_and_durable(cache, spec, lease)
 
 
-def test_an_idle_store_is_closed_durably_before_spark_would_end_its_worker(
-    tmp_path: Path,
+_IDLE_HOLDER = """
+import sys
+from statekeeper import StoreConfig
+from statekeeper.spark._cache import StoreCache, StoreSpec
+config = StoreConfig(local_dir=sys.argv[2], metrics_every=100)
+spec = StoreSpec(sys.argv[1], "op", 2, config, (), 60.0)
+cache = StoreCache(idle_flush_s=0.2)
+lease = cache.acquire(spec, 0, 0)
+lease.store.put(b"k", b"v")
+lease.store.commit()
+cache.release(lease, ok=True)
+print("released", flush=True)
+sys.stdin.readline()
+print(len(cache.open_keys()), flush=True)
+sys.stdin.readline()  # killed here, as Spark ends an idle worker: no exit handler runs
+"""
+
+
+def test_an_idle_store_is_made_durable_and_kept_open_before_spark_would_end_its_worker(
+    tmp_path: Path, spec: StoreSpec
 ) -> None:
     """Spark ends idle Python workers after a minute without running exit handlers; the
-    janitor closes a store idle for ``idle_close_s`` first: its copy unlocked, its commit on
-    local disk (nothing to replay) and its commit metrics written."""
-    assert IDLE_CLOSE_S < 60
+    janitor makes a store idle for ``idle_flush_s`` durable first (its commit on local disk,
+    its commit metrics written) and keeps it open for the worker's next task. Killed then,
+    the worker leaves a copy the next open reuses with nothing to replay."""
+    assert IDLE_FLUSH_S < 60
+    assert IDLE_CLOSE_S > 60  # a query triggered every minute reuses its open stores
+    args = [sys.executable, "-c", _IDLE_HOLDER, spec.root, str(tmp_path / "local")]
+    with subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as holder:
+        assert holder.stdin is not None
+        assert holder.stdout is not None
+        try:
+            assert holder.stdout.readline().strip() == "released"
+            cache = StoreCache()
+            blobs = cache.backend(spec).blobs
+            deadline = time.monotonic() + 60
+            while not read_commit_metrics(blobs, "op", 0) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert sorted(read_commit_metrics(blobs, "op", 0)) == [1]
+            holder.stdin.write("\n")
+            holder.stdin.flush()
+            assert holder.stdout.readline().strip() == "1"  # still open after its flush
+        finally:
+            holder.kill()  # SIGKILL
+            holder.wait()
+    try:
+        again = cache.acquire(spec, 0, 1)
+        assert again.restore is not None
+        assert (again.restore.base_kind, again.restore.changelogs_replayed) == ("local", 0)
+        assert again.store.get(b"k") == b"v"
+        cache.release(again, ok=True)
+    finally:
+        cache.close_all()
+
+
+def test_a_store_idle_for_idle_close_s_is_closed_durably(tmp_path: Path) -> None:
+    """A store no task used for ``idle_close_s`` (its partition moved to another executor,
+    its query stopped) is closed: its copy unlocked, its commit on local disk (nothing to
+    replay) and its commit metrics written."""
     config = StoreConfig(local_dir=str(tmp_path / "local"), metrics_every=100)
     spec = StoreSpec(str(tmp_path / "root"), "op", 2, config, (), 5.0)
     cache = StoreCache(idle_close_s=0.3)
@@ -153,6 +213,136 @@ def test_an_idle_store_is_closed_durably_before_spark_would_end_its_worker(
         _assert_closed_and_durable(cache, spec, lease)
     finally:
         cache.close_all()
+
+
+def _gate_flush(store: StateStore, fail: bool = False) -> tuple[threading.Event, threading.Event]:
+    """Make the janitor's flush of ``store`` wait for the returned gate (and then fail, with
+    ``fail``); the other event is set once the flush has started."""
+    gate, started = threading.Event(), threading.Event()
+    flush = store.flush
+
+    def gated() -> None:
+        started.set()
+        assert gate.wait(60)
+        if fail:
+            raise StateKeeperError("the local disk is full (injected)")
+        flush()
+
+    store.flush = gated  # type: ignore[method-assign]
+    return gate, started
+
+
+def test_a_task_that_wants_a_store_being_flushed_waits_for_it_and_reuses_it(
+    tmp_path: Path,
+) -> None:
+    config = StoreConfig(local_dir=str(tmp_path / "local"), metrics_every=100)
+    spec = StoreSpec(str(tmp_path / "root"), "op", 2, config, (), 5.0)
+    cache = StoreCache(idle_flush_s=0.0)
+    try:
+        lease = cache.acquire(spec, 0, 0)
+        gate, started = _gate_flush(lease.store)
+        lease.store.put(b"k", b"v")
+        lease.store.commit()
+        cache.release(lease, ok=True)
+        assert started.wait(60)
+        got: list[Lease] = []
+        task = threading.Thread(target=lambda: got.append(cache.acquire(spec, 0, 1)))
+        task.start()
+        task.join(0.3)
+        assert task.is_alive()  # waits for the flush, and does not fail as "in use"
+        gate.set()
+        task.join(60)
+        assert got[0].reused
+        assert got[0].store is lease.store
+        assert sorted(read_commit_metrics(cache.backend(spec).blobs, "op", 0)) == [1]
+        got[0].store.put(b"k", b"w")
+        assert got[0].store.commit().version == 2
+        cache.release(got[0], ok=True)
+    finally:
+        cache.close_all()
+
+
+def test_an_idle_store_that_cannot_be_flushed_is_closed_and_the_next_task_reopens_it(
+    tmp_path: Path,
+) -> None:
+    config = StoreConfig(local_dir=str(tmp_path / "local"))
+    spec = StoreSpec(str(tmp_path / "root"), "op", 2, config, (), 5.0)
+    cache = StoreCache(idle_flush_s=0.0)
+    try:
+        lease = cache.acquire(spec, 0, 0)
+        gate, started = _gate_flush(lease.store, fail=True)
+        lease.store.put(b"k", b"v")
+        lease.store.commit()
+        cache.release(lease, ok=True)
+        assert started.wait(60)
+        got: list[Lease] = []
+        task = threading.Thread(target=lambda: got.append(cache.acquire(spec, 0, 1)))
+        task.start()
+        gate.set()
+        task.join(60)
+        assert lease.store.closed
+        assert not got[0].reused
+        assert got[0].store.get(b"k") == b"v"
+        cache.release(got[0], ok=True)
+    finally:
+        cache.close_all()
+
+
+def test_an_idle_store_is_flushed_once_until_a_task_uses_it_again(spec: StoreSpec) -> None:
+    cache = StoreCache(idle_flush_s=0.0)
+    try:
+        flushes: list[int] = []
+        for version in (0, 1):
+            lease = cache.acquire(spec, 0, version)
+            if version == 0:
+                flush = lease.store.flush
+
+                def counted(
+                    flush: Callable[[], None] = flush, store: StateStore = lease.store
+                ) -> None:
+                    flush()
+                    flushes.append(store.version)
+
+                lease.store.flush = counted  # type: ignore[method-assign]
+            lease.store.put(b"k", b"v%d" % version)
+            lease.store.commit()
+            cache.release(lease, ok=True)
+            deadline = time.monotonic() + 60
+            while len(flushes) <= version and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.3)  # many janitor passes
+            assert flushes == [1, 2][: version + 1]
+        assert cache.open_keys() != []
+    finally:
+        cache.close_all()
+
+
+def test_a_request_for_a_store_being_flushed_is_served_once_the_flush_ends(
+    spec: StoreSpec,
+) -> None:
+    first, second = StoreCache(idle_close_s=3600, idle_flush_s=0.0), StoreCache()
+    try:
+        lease = first.acquire(spec, 0, 0)
+        gate, started = _gate_flush(lease.store)
+        lease.store.put(b"k", b"v")
+        lease.store.commit()
+        first.release(lease, ok=True)
+        assert started.wait(60)
+        got: list[Lease] = []
+        taker = threading.Thread(target=lambda: got.append(second.acquire(spec, 0, 1)))
+        taker.start()
+        taker.join(0.3)
+        assert taker.is_alive()  # held while being flushed
+        gate.set()
+        taker.join(60)
+        assert got[0].store.get(b"k") == b"v"
+        assert got[0].restore is not None
+        assert (got[0].restore.base_kind, got[0].restore.changelogs_replayed) == ("local", 0)
+        assert first.open_keys() == []
+        second.release(got[0], ok=True)
+    finally:
+        first.close_all()
+        second.close_all()
 
 
 def _assert_closed_and_durable(cache: StoreCache, spec: StoreSpec, lease: Lease) -> None:

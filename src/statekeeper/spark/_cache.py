@@ -27,10 +27,11 @@ A janitor thread per worker bounds what the worker holds (issue 12):
   made in (one ``stat`` per operator folder, not one per idle store: a worker may hold
   hundreds), and looks for every idle store's request at least every ``_LOOK_ALL_EVERY_S``;
   with no idle store it sleeps until its next sweep;
-* it closes stores idle for longer than ``IDLE_CLOSE_S`` (before Spark ends an idle worker,
-  see there), and, while more stores are open than ``StoreConfig.max_open_stores`` (the
-  smallest among the open stores' configs), the least recently used idle ones (their
-  working copies stay on disk for the next task);
+* it makes a store idle for ``IDLE_FLUSH_S`` durable (before Spark ends an idle worker,
+  see there) and keeps it open: a task that wants it meanwhile waits for that flush. It
+  closes stores idle for longer than ``IDLE_CLOSE_S``, and, while more stores are open than
+  ``StoreConfig.max_open_stores`` (the smallest among the open stores' configs), the least
+  recently used idle ones (their working copies stay on disk for the next task);
 * before a task opens a store, while the process holds over 70% of its open-file limit (a
   store holds about 7 handles plus its SST files), the least recently used quarter of the
   idle stores is closed first, and the first store raises the soft limit to the hard one;
@@ -56,7 +57,7 @@ import resource
 import shutil
 import threading
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from statekeeper.config import StoreConfig
@@ -74,6 +75,7 @@ from statekeeper.store import (
 __all__ = [
     "CACHE",
     "IDLE_CLOSE_S",
+    "IDLE_FLUSH_S",
     "Lease",
     "StoreCache",
     "StoreSpec",
@@ -91,13 +93,19 @@ system that does not keep it)."""
 _RECENT_NS = 200_000_000
 """A folder changed this recently may change again within one tick of its coarse clock,
 which its time would not show: its requests are looked for on every pass."""
-IDLE_CLOSE_S = 30.0
-"""Seconds a store stays open without a task. Spark stops an executor's idle Python workers
-(of one Python and environment) once no task has ended in any of them for a minute, checked
-every ten seconds, and a worker ends without running exit handlers: a store still open then
-loses its buffered commit metrics and the writes not yet flushed to local disk, which the
-next task has to replay from the root. Closing it after half that time makes them durable
-first; a task that comes later reopens the copy from local disk."""
+IDLE_FLUSH_S = 30.0
+"""Seconds without a task after which an open store is made durable (:meth:`StateStore.flush`)
+and kept open. Spark stops an executor's idle Python workers (of one Python and environment)
+once no task has ended in any of them for a minute, checked every ten seconds, and a worker
+ends without running exit handlers: a store not flushed then loses its buffered commit
+metrics and the writes not yet flushed to local disk, which the next task has to replay
+from the root. Flushing after half that time makes them durable first. The store stays open
+(closing it would make every micro-batch reopen every store of a query triggered every
+30 to 60 seconds); a worker that lives on serves the next task from it."""
+IDLE_CLOSE_S = 600.0
+"""Seconds a store stays open without a task: one whose partition moved to another executor,
+or of a query that stopped, lets go of its share of the worker's memory and file handles,
+and its working copy becomes the local sweep's to delete once unused for long enough."""
 _SWEEP_EVERY_S = 60.0
 
 
@@ -157,6 +165,10 @@ class _Entry:
     the last batch elsewhere and replace the version this store holds."""
     busy: bool = False
     idle_since: float = field(default_factory=time.monotonic)
+    durable: bool = False
+    """Flushed by the janitor since its last task (:data:`IDLE_FLUSH_S`)."""
+    flushing: threading.Event | None = None
+    """Set once the janitor's flush under way ends (the entry is ``busy`` meanwhile)."""
 
     @property
     def path(self) -> str:
@@ -167,9 +179,13 @@ class _Entry:
 class StoreCache:
     """Open backends and stores of one worker process. Thread-safe."""
 
-    def __init__(self, idle_close_s: float = IDLE_CLOSE_S) -> None:
-        """An empty cache whose janitor closes stores idle for ``idle_close_s`` seconds."""
+    def __init__(
+        self, idle_close_s: float = IDLE_CLOSE_S, idle_flush_s: float = IDLE_FLUSH_S
+    ) -> None:
+        """An empty cache whose janitor makes stores idle for ``idle_flush_s`` seconds
+        durable and closes those idle for ``idle_close_s`` seconds."""
         self._idle_close_s = idle_close_s
+        self._idle_flush_s = idle_flush_s
         self._mutex = threading.Lock()
         self._backends: dict[tuple[object, ...], StateBackend] = {}
         self._entries: dict[tuple[str, str, int], _Entry] = {}
@@ -289,18 +305,15 @@ class StoreCache:
             return
         with self._mutex:
             lease.entry.busy = False
+            lease.entry.durable = False
             lease.entry.idle_since = time.monotonic()
         self._wake.set()  # a request may have come in while the task ran
 
     def close_all(self) -> None:
         """Close every idle store and release its lock, stop the janitor, and wait for the
-        closes it started (at worker exit, and in tests). The next store acquired starts a
-        janitor again."""
+        closes and flushes it started (at worker exit, and in tests). The next store
+        acquired starts a janitor again."""
         with self._mutex:
-            idle = [e for e in self._entries.values() if not e.busy]
-            for entry in idle:
-                del self._entries[entry.key]
-            closing, self._closing = self._closing, []
             janitor, self._janitor = self._janitor, None
         if janitor is not None:
             thread, stop = janitor
@@ -308,10 +321,16 @@ class StoreCache:
             self._wake.set()
             if thread is not threading.current_thread():
                 thread.join()
-        for entry in idle:
-            _shutdown(entry)
+        with self._mutex:  # the janitor starts no more threads: wait for its flushes first
+            closing, self._closing = self._closing, []
         for thread in closing:
             thread.join()
+        with self._mutex:
+            idle = [e for e in self._entries.values() if not e.busy]
+            for entry in idle:
+                del self._entries[entry.key]
+        for entry in idle:
+            _shutdown(entry)
 
     def open_keys(self) -> list[tuple[str, str, int]]:
         """(working copy, operator, partition) of every store open in this process."""
@@ -325,17 +344,22 @@ class StoreCache:
         # <local_dir>/<root key>/<operator>/<partition>: the sweep stays inside this root.
         root_folder = os.path.dirname(os.path.dirname(path))
         ttl = backend.config.local_copy_ttl_s
-        with self._mutex:
-            self._roots[root_folder] = min(ttl, self._roots.get(root_folder, ttl))
-            entry = self._entries.get(key)
-            if entry is not None:
-                if entry.busy:
-                    raise StateKeeperError(
-                        f"store {spec.operator}/{partition} is already in use by another task "
-                        "in this process"
-                    )
-                entry.busy = True
-                return entry
+        while True:
+            with self._mutex:
+                self._roots[root_folder] = min(ttl, self._roots.get(root_folder, ttl))
+                entry = self._entries.get(key)
+                flushing = None if entry is None else entry.flushing
+                if entry is not None and flushing is None:
+                    if entry.busy:
+                        raise StateKeeperError(
+                            f"store {spec.operator}/{partition} is already in use by another "
+                            "task in this process"
+                        )
+                    entry.busy = True
+                    return entry
+            if flushing is None:
+                break
+            flushing.wait()  # the janitor is making the idle store durable: a few ms
         self._relieve_file_pressure()
         lock = StoreLock(path)
         waited = lock.acquire(spec.lock_timeout_s)
@@ -377,15 +401,49 @@ class StoreCache:
         threads. Called holding the mutex, so :meth:`close_all` never misses a close."""
         for entry in doomed:
             del self._entries[entry.key]
-        threads = [
-            threading.Thread(target=_shutdown_logged, args=(e,), name="statekeeper-close")
-            for e in doomed
-        ]
+        return self._start_threads(_shutdown_logged, doomed, "statekeeper-close")
+
+    def _flush_marked(self, entries: list[_Entry]) -> None:
+        """Make ``entries`` (idle stores) durable, each on a thread of its own, as
+        :meth:`_close_taken_out` closes them; a task acquiring one waits for its flush.
+        Called holding the mutex."""
+        for entry in entries:
+            entry.busy = True
+            entry.flushing = threading.Event()
+        self._start_threads(self._flush_idle, entries, "statekeeper-flush")
+
+    def _start_threads(
+        self, target: Callable[[_Entry], None], entries: list[_Entry], name: str
+    ) -> list[threading.Thread]:
+        threads = [threading.Thread(target=target, args=(e,), name=name) for e in entries]
         if threads:
             self._closing = [t for t in self._closing if t.is_alive()] + threads
             for thread in threads:
                 thread.start()
         return threads
+
+    def _flush_idle(self, entry: _Entry) -> None:
+        """Flush an idle store and give it back to the cache; one that cannot be flushed
+        (a full or damaged local disk, a failed write) is closed: the next task reopens it
+        from the root."""
+        try:
+            if entry.store is not None:  # always, for an idle store
+                entry.store.flush()
+            failed = False
+        except (StateKeeperError, OSError) as exc:
+            _log.warning("could not flush the idle store of %s; closing it: %s", entry.path, exc)
+            failed = True
+        with self._mutex:
+            done, entry.flushing = entry.flushing or threading.Event(), None
+            entry.busy, entry.durable = False, True
+            if failed and self._entries.get(entry.key) is entry:
+                del self._entries[entry.key]
+        try:
+            if failed:
+                _shutdown_logged(entry)
+        finally:
+            done.set()
+            self._wake.set()  # a request may have come in meanwhile
 
     def _evict(self, entry: _Entry, *, logged: bool = False) -> None:
         with self._mutex:
@@ -444,11 +502,13 @@ class StoreCache:
         and close each on a thread of its own: a store waiting for its snapshot upload must
         not hold up the handover of another. The threads start in the same hold of the
         mutex that takes the stores out, so :meth:`close_all` never misses a close under
-        way. Requests are looked for only for copies in ``folders`` (default: all).
+        way. Of the stores kept, those idle for ``idle_flush_s`` and not flushed since
+        their last task are flushed, each on a thread of its own too. Requests are looked
+        for only for copies in ``folders`` (default: all).
 
         Returns:
-            The folders of the stores kept idle, and when the first of them will have been
-            idle too long (``math.inf`` if none).
+            The folders of the stores kept idle, and when the first of them is due for a
+            flush or a close (``math.inf`` if none).
         """
         doomed: list[_Entry] = []
         keep: list[_Entry] = []
@@ -466,10 +526,18 @@ class StoreCache:
             over = keep[: max(0, len(self._entries) - len(doomed) - budget)]  # LRU first
             doomed += over
             self._close_taken_out(doomed)
+            kept = keep[len(over) :]
+            # A store being flushed is not idle until its flush ends, which wakes the janitor.
+            flush = [e for e in kept if not e.durable and now - e.idle_since > self._idle_flush_s]
+            self._flush_marked(flush)
+            kept = [e for e in kept if e.flushing is None]
+            due = min(
+                (e.idle_since + (self._idle_close_s if e.durable else self._idle_flush_s)
+                 for e in kept),
+                default=math.inf,
+            )  # fmt: skip
         if over:
             _log.debug("closing %s idle stores beyond max_open_stores=%s", len(over), budget)
-        kept = keep[len(over) :]
-        due = min((e.idle_since for e in kept), default=math.inf) + self._idle_close_s
         return {os.path.dirname(e.path) for e in kept}, due
 
     def sweep_local_copies(self, now: float | None = None) -> list[str]:

@@ -728,6 +728,21 @@ class StateStore:
         self._last_snapshot = self._version
         return metrics
 
+    def flush(self) -> None:
+        """Make the committed version durable on local disk and write the buffered commit
+        metrics; the store stays open. A process killed afterwards (without closing the
+        store) leaves a working copy the next open reuses as it is, with nothing to replay.
+        Uncommitted writes are kept, and not written.
+
+        Raises:
+            StateKeeperError: the store is closed or failed, the last commit's write to the
+                working copy failed (the store is then failed), or the flush failed.
+        """
+        self._check_open()
+        self._settle()
+        self._copy.flush()
+        self._write_metrics()
+
     def abort(self) -> None:
         """Drop the uncommitted writes; the store stays open at its version.
 
