@@ -142,6 +142,49 @@ def test_entries_keep_the_clock_they_were_stamped_on_when_the_ttl_is_removed_or_
         assert t.run(_rows(("b", now - 6980)))[0]["prev"] is None
 
 
+def test_a_processing_time_ttl_removed_and_re_added_on_event_time_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Entries written under a processing-time TTL keep their expiries when the TTL is
+    removed; a later event-time TTL would read them on the watermark (hours behind the
+    micro-batch time), keeping them long past their promise. Found in an earlier review:
+    the record of a state whose processing-time TTL was removed looked like one that never
+    had a TTL, so that move was allowed."""
+    from statekeeper.keyed import read_operator_record
+
+    now = 1_790_000_000
+    with _tester(Remember(ttl_on="processing_time", ttl=3600), tmp_path) as t:
+        t.processing_time_ms = now * 1000
+        t.run(_rows(("a", now - 7200)))
+        assert [e.expires_at_ms for e in t.state()] == [(now + 3600) * 1000]
+    with _tester(Remember(ttl_on="processing_time", ttl=None), tmp_path) as t:
+        t.processing_time_ms = now * 1000
+        t.run(_rows(("b", now - 7100)))
+        with t._open() as store:
+            record = read_operator_record(store)
+    assert record is not None
+    assert record.states["last"].ttl_removed
+    assert record.states["last"].ttl_ms is None
+    with (
+        _tester(Remember(), tmp_path) as t,
+        pytest.raises(ConfigMismatchError, match="TTL runs on processing_time"),
+    ):
+        t.run(_rows(("c", now - 7000)))
+    with _tester(Remember(ttl_on="processing_time", ttl=60), tmp_path) as t:  # allowed
+        t.processing_time_ms = (now + 3601) * 1000
+        t.run(_rows(("c", now - 7000)))
+        assert t.stats.expired == 1  # a, on the clock it was stamped on
+        assert sorted(e.key for e in t.state()) == [("b",), ("c",)]
+
+
+def test_a_state_that_never_had_a_ttl_may_take_one_on_event_time(tmp_path: Path) -> None:
+    with _tester(Remember(ttl_on="processing_time", ttl=None), tmp_path) as t:
+        t.run(_rows(("a", 100)))
+    with _tester(Remember(), tmp_path) as t:
+        t.run(_rows(("b", 105)))
+        assert {e.key: e.expires_at_ms for e in t.state()} == {("a",): None, ("b",): 115_000}
+
+
 @pytest.mark.parametrize(
     ("time_mode", "processor", "message"),
     [

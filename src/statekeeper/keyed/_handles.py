@@ -86,8 +86,7 @@ def entry_clock(name: str, ttl: int | None, ttl_on: str, stored: StateDecl | Non
         return ttl_on
     if ttl is None:
         return stored.ttl_on
-    stamped = stored.ttl_ms is not None or stored.ttl_on != "processing_time"
-    if stamped and stored.ttl_on != ttl_on:
+    if stored.stamped and stored.ttl_on != ttl_on:
         raise ConfigMismatchError(
             f"state {name!r} holds entries whose TTL runs on {stored.ttl_on} in this "
             f"checkpoint root, but the processor now declares ttl_on={ttl_on!r}: their "
@@ -444,17 +443,26 @@ class StatefulProcessorHandle:
     # -- called by statekeeper around the processor (processors need not call these) -----
 
     def declared(self) -> dict[str, StateDecl]:
-        """The states declared so far, for the operator record."""
-        return {
-            name: StateDecl(
+        """The states declared so far, for the operator record. A state whose
+        processing-time TTL was removed stays marked as such (``ttl_removed``): its older
+        entries still carry expiries, on the clock its record names."""
+        stored = self._stored_record()
+        declared: dict[str, StateDecl] = {}
+        for name, s in self._states.items():
+            old = None if stored is None else stored.states.get(name)
+            declared[name] = StateDecl(
                 s.kind,
                 s.ttl_ms,
                 str(s.codec.name),
                 s.ttl_on,
                 s.codec.recorded if isinstance(s.codec, SchemaCodec) else (),
+                ttl_removed=s.ttl_ms is None
+                and s.ttl_on == "processing_time"
+                and old is not None
+                and old.kind == s.kind
+                and old.stamped,
             )
-            for name, s in self._states.items()
-        }
+        return declared
 
     def record_operator(
         self, keys: Sequence[str], *, key_schema: str | None, operator: str

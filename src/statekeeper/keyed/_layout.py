@@ -269,14 +269,24 @@ class StateDecl:
     """The clock its TTL runs on: ``"processing_time"`` or ``"event_time"``."""
     schemas: tuple[RecordedSchema, ...] = ()
     """Every schema version the state was declared with, ascending (none: no schema)."""
+    ttl_removed: bool = False
+    """The state had a processing-time TTL that was removed since: entries written then
+    still carry expiries on that clock (an event-time TTL keeps ``ttl_on`` for that)."""
+
+    @property
+    def stamped(self) -> bool:
+        """Whether entries of the state may carry expiries (on :attr:`ttl_on`)."""
+        return self.ttl_ms is not None or self.ttl_on != _PT or self.ttl_removed
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON form stored in the operator record (``ttlOn`` only for event time and
-        ``schemas`` only with a schema, so other records stay as earlier releases wrote
-        them)."""
+        """The JSON form stored in the operator record (``ttlOn`` only for event time,
+        ``ttlRemoved`` only when true and ``schemas`` only with a schema, so other records
+        stay as earlier releases wrote them)."""
         doc: dict[str, Any] = {"kind": self.kind, "ttlMs": self.ttl_ms, "codec": self.codec}
         if self.ttl_on != "processing_time":
             doc["ttlOn"] = self.ttl_on
+        if self.ttl_removed:
+            doc["ttlRemoved"] = True
         if self.schemas:
             doc["schemas"] = [schema.to_json() for schema in self.schemas]
         return doc
@@ -337,6 +347,7 @@ class OperatorRecord:
                     str(s["codec"]),
                     str(s.get("ttlOn", _PT)),
                     tuple(RecordedSchema.from_json(d) for d in s.get("schemas", ())),
+                    s.get("ttlRemoved") is True,
                 )
                 for name, s in doc["states"].items()
             }
