@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import subprocess
 import sys
@@ -215,17 +216,19 @@ def test_a_store_idle_for_idle_close_s_is_closed_durably(tmp_path: Path) -> None
         cache.close_all()
 
 
-def _gate_flush(store: StateStore, fail: bool = False) -> tuple[threading.Event, threading.Event]:
-    """Make the janitor's flush of ``store`` wait for the returned gate (and then fail, with
-    ``fail``); the other event is set once the flush has started."""
+def _gate_flush(
+    store: StateStore, fail: Exception | None = None
+) -> tuple[threading.Event, threading.Event]:
+    """Make the janitor's flush of ``store`` wait for the returned gate (and then raise
+    ``fail``, if given); the other event is set once the flush has started."""
     gate, started = threading.Event(), threading.Event()
     flush = store.flush
 
     def gated() -> None:
         started.set()
         assert gate.wait(60)
-        if fail:
-            raise StateKeeperError("the local disk is full (injected)")
+        if fail is not None:
+            raise fail
         flush()
 
     store.flush = gated  # type: ignore[method-assign]
@@ -262,15 +265,22 @@ def test_a_task_that_wants_a_store_being_flushed_waits_for_it_and_reuses_it(
         cache.close_all()
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        StateKeeperError("the local disk is full (injected)"),
+        RuntimeError("a bug (injected)"),  # found by review: the store stayed busy for good
+    ],
+)
 def test_an_idle_store_that_cannot_be_flushed_is_closed_and_the_next_task_reopens_it(
-    tmp_path: Path,
+    tmp_path: Path, error: Exception
 ) -> None:
     config = StoreConfig(local_dir=str(tmp_path / "local"))
     spec = StoreSpec(str(tmp_path / "root"), "op", 2, config, (), 5.0)
     cache = StoreCache(idle_flush_s=0.0)
     try:
         lease = cache.acquire(spec, 0, 0)
-        gate, started = _gate_flush(lease.store, fail=True)
+        gate, started = _gate_flush(lease.store, fail=error)
         lease.store.put(b"k", b"v")
         lease.store.commit()
         cache.release(lease, ok=True)
@@ -286,6 +296,83 @@ def test_an_idle_store_that_cannot_be_flushed_is_closed_and_the_next_task_reopen
         cache.release(got[0], ok=True)
     finally:
         cache.close_all()
+
+
+def test_stores_going_idle_together_are_flushed_one_at_a_time(tmp_path: Path) -> None:
+    """Found by review: each idle store got a flush thread of its own, so 200 stores going
+    idle together started 200 threads and a task wanting one waited for the whole wave."""
+    config = StoreConfig(local_dir=str(tmp_path / "local"), metrics_every=100)
+    spec = StoreSpec(str(tmp_path / "root"), "op", 40, config, (), 5.0)
+    cache = StoreCache(idle_flush_s=0.2)
+    running, most, flushed = [0], [0], []
+    count = threading.Lock()
+    try:
+        leases = [cache.acquire(spec, p, 0) for p in range(40)]
+
+        def counted(flush: Callable[[], None], partition: int) -> None:
+            with count:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            try:
+                time.sleep(0.005)
+                flush()
+            finally:
+                with count:
+                    running[0] -= 1
+                flushed.append(partition)
+
+        for lease in leases:
+            counting = functools.partial(counted, lease.store.flush, lease.store.partition)
+            lease.store.flush = counting  # type: ignore[method-assign]
+            lease.store.put(b"k", b"v")
+            lease.store.commit()
+        for lease in leases:
+            cache.release(lease, ok=True)
+        deadline = time.monotonic() + 60
+        while len(flushed) < 40 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(flushed) == list(range(40))
+        assert most[0] == 1
+        assert [t for t in threading.enumerate() if t.name == "statekeeper-flush"] == []
+        blobs = cache.backend(spec).blobs
+        assert all(sorted(read_commit_metrics(blobs, "op", p)) == [1] for p in range(40))
+    finally:
+        cache.close_all()
+
+
+def test_a_worker_out_of_threads_still_flushes_closes_and_hands_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: a flush or close thread that could not start killed the janitor and
+    left the store busy for good (a task wanting it waited forever)."""
+    config = StoreConfig(local_dir=str(tmp_path / "local"))
+    spec = StoreSpec(str(tmp_path / "root"), "op", 2, config, (), 10.0)
+    start = threading.Thread.start
+
+    def refuse(thread: threading.Thread) -> None:
+        if thread.name in ("statekeeper-flush", "statekeeper-close"):
+            raise RuntimeError("can't start new thread (injected)")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    first, second = StoreCache(idle_close_s=3600, idle_flush_s=0.0), StoreCache()
+    try:
+        lease = first.acquire(spec, 0, 0)
+        lease.store.put(b"k", b"v")
+        lease.store.commit()
+        first.release(lease, ok=True)
+        time.sleep(0.3)  # the janitor tried to flush it
+        again = first.acquire(spec, 0, 1)  # not left busy
+        assert again.reused
+        first.release(again, ok=True)
+        handed = second.acquire(spec, 0, 1)  # the janitor lives on and closes it itself
+        assert handed.store.get(b"k") == b"v"
+        assert first.open_keys() == []
+        second.release(handed, ok=True)
+    finally:
+        monkeypatch.undo()
+        first.close_all()
+        second.close_all()
 
 
 def test_an_idle_store_is_flushed_once_until_a_task_uses_it_again(spec: StoreSpec) -> None:

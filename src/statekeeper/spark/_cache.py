@@ -47,6 +47,7 @@ bounded by ``StoreConfig.rocksdb_memory_mb`` (see :class:`~statekeeper.StoreConf
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import dataclasses
 import errno
@@ -57,7 +58,7 @@ import resource
 import shutil
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from statekeeper.config import StoreConfig
@@ -166,9 +167,11 @@ class _Entry:
     busy: bool = False
     idle_since: float = field(default_factory=time.monotonic)
     durable: bool = False
-    """Flushed by the janitor since its last task (:data:`IDLE_FLUSH_S`)."""
+    """Flushed since its last task (:data:`IDLE_FLUSH_S`)."""
+    queued: bool = False
+    """Waiting for the cache's flusher thread."""
     flushing: threading.Event | None = None
-    """Set once the janitor's flush under way ends (the entry is ``busy`` meanwhile)."""
+    """Set once the flush under way ends (the entry is ``busy`` meanwhile)."""
 
     @property
     def path(self) -> str:
@@ -195,6 +198,9 @@ class StoreCache:
         self._janitor: tuple[threading.Thread, threading.Event] | None = None
         self._closing: list[threading.Thread] = []
         """Threads closing stores the janitor took out of the cache."""
+        self._flush_queue: collections.deque[_Entry] = collections.deque()
+        self._flusher: threading.Thread | None = None
+        """The thread flushing the queued idle stores, one at a time (while any is queued)."""
 
     def backend(self, spec: StoreSpec) -> StateBackend:
         """The (cached) backend of ``spec``'s root and config.
@@ -305,7 +311,7 @@ class StoreCache:
             return
         with self._mutex:
             lease.entry.busy = False
-            lease.entry.durable = False
+            lease.entry.durable = lease.entry.queued = False
             lease.entry.idle_since = time.monotonic()
         self._wake.set()  # a request may have come in while the task ran
 
@@ -321,9 +327,13 @@ class StoreCache:
             self._wake.set()
             if thread is not threading.current_thread():
                 thread.join()
-        with self._mutex:  # the janitor starts no more threads: wait for its flushes first
+        with self._mutex:  # the janitor starts no more threads: wait for those it started
+            for entry in self._flush_queue:
+                entry.queued = False
+            self._flush_queue.clear()
+            flusher = self._flusher
             closing, self._closing = self._closing, []
-        for thread in closing:
+        for thread in [*closing, *([] if flusher is None else [flusher])]:
             thread.join()
         with self._mutex:
             idle = [e for e in self._entries.values() if not e.busy]
@@ -359,7 +369,7 @@ class StoreCache:
                     return entry
             if flushing is None:
                 break
-            flushing.wait()  # the janitor is making the idle store durable: a few ms
+            flushing.wait()  # the idle store is being flushed: milliseconds
         self._relieve_file_pressure()
         lock = StoreLock(path)
         waited = lock.acquire(spec.lock_timeout_s)
@@ -386,7 +396,9 @@ class StoreCache:
         with self._mutex:
             idle = sorted((e for e in self._entries.values() if not e.busy), key=_idle_since)
             doomed = idle[: max(1, len(self._entries) // 4)]
-            threads = self._close_taken_out(doomed)
+            threads, unstarted = self._close_taken_out(doomed)
+        for entry in unstarted:
+            _shutdown_logged(entry)
         for thread in threads:
             thread.join()
         if doomed:
@@ -395,55 +407,95 @@ class StoreCache:
                 len(doomed), int(_FILE_PRESSURE * 100),
             )  # fmt: skip
 
-    def _close_taken_out(self, doomed: list[_Entry]) -> list[threading.Thread]:
+    def _close_taken_out(self, doomed: list[_Entry]) -> tuple[list[threading.Thread], list[_Entry]]:
         """Take ``doomed`` (idle stores) out of the cache and close each on a thread of its
         own (a store waiting for its snapshot upload must not hold up another); returns the
-        threads. Called holding the mutex, so :meth:`close_all` never misses a close."""
+        threads, and the stores no thread could be started for (the process is out of
+        threads): the caller closes those itself, once it let go of the mutex. Called
+        holding the mutex, so :meth:`close_all` never misses a close."""
+        threads: list[threading.Thread] = []
+        unstarted: list[_Entry] = []
         for entry in doomed:
             del self._entries[entry.key]
-        return self._start_threads(_shutdown_logged, doomed, "statekeeper-close")
-
-    def _flush_marked(self, entries: list[_Entry]) -> None:
-        """Make ``entries`` (idle stores) durable, each on a thread of its own, as
-        :meth:`_close_taken_out` closes them; a task acquiring one waits for its flush.
-        Called holding the mutex."""
-        for entry in entries:
-            entry.busy = True
-            entry.flushing = threading.Event()
-        self._start_threads(self._flush_idle, entries, "statekeeper-flush")
-
-    def _start_threads(
-        self, target: Callable[[_Entry], None], entries: list[_Entry], name: str
-    ) -> list[threading.Thread]:
-        threads = [threading.Thread(target=target, args=(e,), name=name) for e in entries]
+            thread = threading.Thread(
+                target=_shutdown_logged, args=(entry,), name="statekeeper-close"
+            )
+            try:
+                thread.start()
+            except RuntimeError as exc:  # "can't start new thread"
+                _log.warning("closing the store of %s on this thread: %s", entry.path, exc)
+                unstarted.append(entry)
+            else:
+                threads.append(thread)
         if threads:
             self._closing = [t for t in self._closing if t.is_alive()] + threads
-            for thread in threads:
-                thread.start()
-        return threads
+        return threads, unstarted
 
-    def _flush_idle(self, entry: _Entry) -> None:
-        """Flush an idle store and give it back to the cache; one that cannot be flushed
-        (a full or damaged local disk, a failed write) is closed: the next task reopens it
-        from the root."""
+    def _queue_flushes(self, entries: list[_Entry]) -> None:
+        """Queue ``entries`` (idle stores) for the flusher thread, which flushes one at a
+        time: a task that wants a store waits at most for that store's own flush, and many
+        stores going idle together start no thread each. Called holding the mutex."""
+        for entry in entries:
+            entry.queued = True
+            self._flush_queue.append(entry)
+        if not entries or self._flusher is not None:
+            return
+        flusher = threading.Thread(target=self._flush_queued, name="statekeeper-flush")
+        try:
+            flusher.start()
+        except RuntimeError as exc:  # "can't start new thread": skip this idle spell's flush
+            _log.warning("could not flush %s idle stores: %s", len(self._flush_queue), exc)
+            for entry in self._flush_queue:
+                entry.queued, entry.durable = False, True
+            self._flush_queue.clear()
+            return
+        self._flusher = flusher
+
+    def _flush_queued(self) -> None:
+        """The flusher thread: flush the queued stores still idle in the cache, one at a
+        time, until none is left."""
+        while True:
+            with self._mutex:
+                entry = None
+                while entry is None and self._flush_queue:
+                    queued = self._flush_queue.popleft()
+                    held = self._entries.get(queued.key) is queued
+                    if queued.queued and not queued.busy and held:
+                        entry = queued
+                    queued.queued = False  # a task took it, or it is queued again further on
+                if entry is None:
+                    self._flusher = None
+                    return
+                entry.busy, entry.flushing = True, threading.Event()
+            self._flush_one(entry)
+
+    def _flush_one(self, entry: _Entry) -> None:
+        """Flush a store marked as being flushed and give it back to the cache; one that
+        cannot be flushed (a full local disk, a failed write, any error) is closed: the
+        next task reopens it, from the root if need be."""
+        failed = True
         try:
             if entry.store is not None:  # always, for an idle store
                 entry.store.flush()
             failed = False
-        except (StateKeeperError, OSError) as exc:
-            _log.warning("could not flush the idle store of %s; closing it: %s", entry.path, exc)
-            failed = True
-        with self._mutex:
-            done, entry.flushing = entry.flushing or threading.Event(), None
-            entry.busy, entry.durable = False, True
-            if failed and self._entries.get(entry.key) is entry:
-                del self._entries[entry.key]
-        try:
-            if failed:
-                _shutdown_logged(entry)
+        except Exception:  # noqa: BLE001 - whatever it was, the store must not stay busy
+            _log.warning("could not flush the idle store of %s; closing it", entry.path,
+                         exc_info=True)  # fmt: skip
         finally:
-            done.set()
-            self._wake.set()  # a request may have come in meanwhile
+            with self._mutex:
+                done, entry.flushing = entry.flushing, None
+                entry.busy, entry.durable = False, True
+                if failed and self._entries.get(entry.key) is entry:
+                    del self._entries[entry.key]
+            try:
+                if failed:
+                    _shutdown_logged(entry)
+            finally:
+                if done is not None:
+                    done.set()
+                # Asked for while being flushed (or closed): the janitor skipped it meanwhile.
+                if failed or entry.lock.requested():
+                    self._wake.set()
 
     def _evict(self, entry: _Entry, *, logged: bool = False) -> None:
         with self._mutex:
@@ -525,17 +577,20 @@ class StoreCache:
                          default=0)  # fmt: skip
             over = keep[: max(0, len(self._entries) - len(doomed) - budget)]  # LRU first
             doomed += over
-            self._close_taken_out(doomed)
+            _, unstarted = self._close_taken_out(doomed)
             kept = keep[len(over) :]
-            # A store being flushed is not idle until its flush ends, which wakes the janitor.
-            flush = [e for e in kept if not e.durable and now - e.idle_since > self._idle_flush_s]
-            self._flush_marked(flush)
-            kept = [e for e in kept if e.flushing is None]
+            self._queue_flushes(
+                [e for e in kept
+                 if not (e.durable or e.queued) and now - e.idle_since > self._idle_flush_s]
+            )  # fmt: skip
             due = min(
-                (e.idle_since + (self._idle_close_s if e.durable else self._idle_flush_s)
+                (e.idle_since + (self._idle_close_s if e.durable or e.queued
+                                 else self._idle_flush_s)
                  for e in kept),
                 default=math.inf,
             )  # fmt: skip
+        for entry in unstarted:
+            _shutdown_logged(entry)
         if over:
             _log.debug("closing %s idle stores beyond max_open_stores=%s", len(over), budget)
         return {os.path.dirname(e.path) for e in kept}, due
