@@ -292,6 +292,34 @@ def test_damage_met_by_a_compaction_is_rebuilt_and_the_store_goes_on(tmp_path: P
         assert store.get(b"k01500") == _value(1500)
 
 
+def test_damage_a_flush_meets_is_rebuilt_and_the_store_goes_on(tmp_path: Path) -> None:
+    """An idle worker's flush (``StateStore.flush``) is the first to meet damage a
+    compaction found: the copy is set aside and rebuilt, not left for the next open to
+    reuse. (Found by review: the flush raised, its store was closed, and the next open
+    reused the damaged copy as it was.)"""
+    copy, _sst = _damaged_where_nothing_reads(tmp_path)
+    backend = _backend(tmp_path / "root", tmp_path / "local")
+    with backend, backend.open("op", 0) as store:
+        assert store.restore_info.base_kind == "local"
+        store.put(b"first", b"flushed")
+        store.commit()
+        store.flush()  # a second SST: the compaction below merges, reading every block
+        store.put(b"after", b"in the memtable")
+        store.commit()
+        # The compaction meets the damaged block (and returns): RocksDB now fails every
+        # write, first the flush of the memtable.
+        store._copy._db.compact_range(None, None)
+        store.flush()
+        assert len(_aside(copy)) == 1
+        assert store.get(b"after") == b"in the memtable"
+        assert store.get(b"k01500") == _value(1500)
+        store.put(b"later", b"v")
+        store.commit()
+    with _backend(tmp_path / "root", tmp_path / "local").open("op", 0) as store:
+        assert store.restore_info.base_kind == "local"
+        assert (store.get(b"later"), store.get(b"k02999")) == (b"v", _value(2999))
+
+
 def test_a_snapshot_never_uploads_a_damaged_file(tmp_path: Path) -> None:
     """Damage no read met yet (a block of an SST gone bad on disk) is found before a
     snapshot uploads the file, never made the snapshot's: that lost committed state once
@@ -436,6 +464,57 @@ def test_damage_a_snapshot_finds_during_a_commit_does_not_fail_the_commit(
         assert len(_aside(copy)) == 1
         assert store.get(b"a") == b"5"
         assert store.get(b"k02999") == _value(2999)
+
+
+class _HeldSnapshot(RecordingBlobStore):
+    """Holds the background snapshot's first upload (its checkpoint taken) until released."""
+
+    def __init__(self, inner: LocalBlobStore) -> None:
+        super().__init__(inner)
+        self.held = threading.Event()
+        self.release = threading.Event()
+
+    def _record(self, op: str, key: str) -> None:
+        super()._record(op, key)
+        if op == "put" and threading.current_thread().name.startswith("statekeeper-snapshot"):
+            self.held.set()
+            assert self.release.wait(30), "never released"
+
+
+def test_a_snapshot_of_a_copy_set_aside_leaves_no_lineage_on_the_rebuilt_copy(
+    tmp_path: Path,
+) -> None:
+    """Found by review: a snapshot uploading while its copy was set aside and rebuilt then
+    recorded its lineage beside the rebuilt copy. The next snapshot would have trusted the
+    rebuilt copy's files by name and size against that snapshot's (another database's
+    files, which may well share both), naming the wrong blobs: corrupt state that every
+    checksum agrees with."""
+    backend, copy = _committed(tmp_path)
+    backend.close()
+    blobs = _HeldSnapshot(LocalBlobStore(str(tmp_path / "root")))
+    config = sk.StoreConfig(local_dir=str(tmp_path / "local"), snapshot_every=1)
+    with sk.StateBackend(blobs, config=config) as snapshotting, snapshotting.open("op", 0) as store:
+        store.put(b"a", b"3")
+        assert store.commit().snapshot_scheduled
+        assert blobs.held.wait(30)
+        store._copy.report_damage(DamagedCopyError(str(copy), OSError("Corruption: injected")))
+        assert store.get(b"a") == b"3"  # rebuilt from the root
+        assert len(_aside(copy)) == 1
+        blobs.release.set()
+        snapshotting.wait_for_snapshots()
+        assert not Path(f"{copy}.lineage.json").exists()
+        assert store._copy.lineage is None
+
+
+def test_a_new_copy_forgets_a_lineage_left_beside_its_folder(tmp_path: Path) -> None:
+    backend, copy = _committed(tmp_path)
+    backend.close()
+    set_aside(str(copy), "test")
+    Path(f"{copy}.lineage.json").write_text('{"checkpointId": "x", "version": 2}')
+    with _backend(tmp_path / "root", tmp_path / "local") as again, again.open("op", 0) as store:
+        assert store.restore_info.base_kind == "empty"
+        assert store._copy.lineage is None
+        assert not Path(f"{copy}.lineage.json").exists()
 
 
 def test_damage_found_in_a_multi_part_commit_does_not_fail_it(tmp_path: Path) -> None:

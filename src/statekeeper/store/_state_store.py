@@ -734,13 +734,21 @@ class StateStore:
         store) leaves a working copy the next open reuses as it is, with nothing to replay.
         Uncommitted writes are kept, and not written.
 
+        A copy the flush finds damaged (a compaction met a block whose checksum fails) is
+        set aside and rebuilt at this store's version from the blob store, as a commit
+        would.
+
         Raises:
             StateKeeperError: the store is closed or failed, the last commit's write to the
-                working copy failed (the store is then failed), or the flush failed.
+                working copy failed (the store is then failed), the flush failed, or the
+                rebuild did.
         """
         self._check_open()
         self._settle()
-        self._copy.flush()
+        try:
+            self._copy.flush()
+        except DamagedCopyError as exc:
+            self._replace_damaged_copy(exc)
         self._write_metrics()
 
     def abort(self) -> None:

@@ -161,6 +161,7 @@ class WorkingCopy:
         self._last_flush = time.monotonic()
         self._closed = False
         self._damage: DamagedCopyError | None = None
+        self._set_aside = False
         # Serializes writes, checkpoints and close: a checkpoint taken by the background
         # snapshot thread must hold exactly one labelled version.
         self._lock = threading.Lock()
@@ -231,6 +232,7 @@ class WorkingCopy:
                 return  # open again in this process
             _open_paths.add(self.path)
         try:
+            self._mark_set_aside()
             with holding_lock(self.path, damage):
                 set_aside(self.path, damage)
             self.set_lineage(None, 0)
@@ -248,6 +250,7 @@ class WorkingCopy:
             StateKeeperError: the rename failed, or another process opened the copy.
         """
         self._damage = None  # set aside here, not again by close
+        self._mark_set_aside()
         self.close(flush=False)
         with holding_lock(self.path, reason if isinstance(reason, BaseException) else None):
             aside = set_aside(self.path, reason)
@@ -721,8 +724,16 @@ class WorkingCopy:
             return None
         return checkpoint_id, version
 
+    def _mark_set_aside(self) -> None:
+        """From now on this copy records no lineage: the files at :attr:`path` are another
+        database's (its rebuild's, say), and a snapshot of this copy still uploading must
+        not name its own snapshot as theirs."""
+        with _LINEAGE_LOCK:  # a lineage being written is written before the rename
+            self._set_aside = True
+
     def set_lineage(self, checkpoint_id: str | None, version: int) -> None:
         """Record (or forget, with ``None``) the snapshot the copy's files descend from.
+        Nothing is recorded for a copy that was set aside (its snapshot ended after).
 
         Raises:
             StateKeeperError: the record cannot be written (a full disk, say).
@@ -733,6 +744,9 @@ class WorkingCopy:
         tmp = f"{self.lineage_path}.tmp"
         try:
             with _LINEAGE_LOCK:  # a background snapshot and snapshot_now may finish together
+                if self._set_aside:
+                    _log.info("no lineage recorded for %s: it was set aside", self.path)
+                    return
                 with open(tmp, "w", encoding="utf-8") as fh:
                     json.dump({"checkpointId": checkpoint_id, "version": version}, fh)
                 os.replace(tmp, self.lineage_path)
