@@ -588,6 +588,47 @@ def test_another_process_gets_the_working_copy(tmp_path: Path, spec: StoreSpec) 
         assert holder.stdout.readline().strip() == "released"  # alive, and it let go
 
 
+_NUDGED_HOLDER = """
+import sys
+from statekeeper import StoreConfig
+from statekeeper.spark import _cache
+from statekeeper.spark._cache import StoreCache, StoreSpec
+_cache._LOOK_ALL_EVERY_S = 3600.0  # no look of its own: only a nudge gets the store
+spec = StoreSpec(sys.argv[1], "op", 2, StoreConfig(local_dir=sys.argv[2]), (), 60.0)
+cache = StoreCache()
+lease = cache.acquire(spec, 0, 0)
+lease.store.put(b"k", b"from the other process")
+lease.store.commit()
+cache.release(lease, ok=True)
+print("listening" if cache._wake.listening else "polling", flush=True)
+sys.stdin.readline()
+print("still open" if cache.open_keys() else "released", flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's abstract sockets")
+def test_an_idle_holder_is_nudged_by_the_process_asking_and_polls_for_nothing(
+    tmp_path: Path, spec: StoreSpec
+) -> None:
+    """The holder's janitor sleeps (a worker holding hundreds of idle stores for minutes
+    spent a share of a core polling for requests); the asking process wakes it."""
+    args = [sys.executable, "-c", _NUDGED_HOLDER, spec.root, str(tmp_path / "local")]
+    with subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as holder:
+        assert holder.stdin is not None
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "listening"
+        cache = StoreCache()
+        try:
+            lease = cache.acquire(dataclass_replace(spec, lock_timeout_s=30.0), 0, 1)
+            assert lease.store.get(b"k") == b"from the other process"
+            cache.release(lease, ok=True)
+        finally:
+            cache.close_all()
+            holder.stdin.write("\n")
+            holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "released"
+
+
 _LOCKER = """
 import sys
 from statekeeper.spark._filelock import StoreLock

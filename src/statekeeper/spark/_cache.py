@@ -22,11 +22,13 @@ A janitor thread per worker bounds what the worker holds (issue 12):
 
 * it hands idle stores over to other processes that ask for them, each on a thread of its
   own: closing a store waits for that store's background snapshot upload (it reads a
-  checkpoint beside the working copy), and must not hold up another store's handover. It
-  notices a request within ``_JANITOR_POLL_S`` by the time of the folder the request file is
-  made in (one ``stat`` per operator folder, not one per idle store: a worker may hold
-  hundreds), and looks for every idle store's request at least every ``_LOOK_ALL_EVERY_S``;
-  with no idle store it sleeps until its next sweep;
+  checkpoint beside the working copy), and must not hold up another store's handover. On
+  Linux the asking process nudges it through a socket (:func:`janitor_address`), and it
+  looks for every idle store's request then, and at least every ``_LOOK_ALL_EVERY_S``.
+  Elsewhere (or with the socket's name taken) it notices a request within
+  ``_JANITOR_POLL_S`` by the time of the folder the request file is made in (one ``stat``
+  per operator folder, not one per idle store: a worker may hold hundreds). With no idle
+  store it sleeps until its next sweep;
 * it makes a store idle for ``IDLE_FLUSH_S`` durable (before Spark ends an idle worker,
   see there) and keeps it open: a task that wants it meanwhile waits for that flush. It
   closes stores idle for longer than ``IDLE_CLOSE_S``, and, while more stores are open than
@@ -55,7 +57,9 @@ import logging
 import math
 import os
 import resource
+import select
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Collection, Mapping
@@ -64,7 +68,7 @@ from dataclasses import dataclass, field
 from statekeeper.config import StoreConfig
 from statekeeper.errors import StateKeeperError, StateNotFoundError
 from statekeeper.keyed.grouping import sweep_dead_spills
-from statekeeper.spark._filelock import StoreLock
+from statekeeper.spark._filelock import StoreLock, janitor_address
 from statekeeper.store import (
     RestoreInfo,
     StateBackend,
@@ -194,7 +198,7 @@ class StoreCache:
         self._entries: dict[tuple[str, str, int], _Entry] = {}
         # Folder of each root's working copies this worker served -> their local_copy_ttl_s.
         self._roots: dict[str, float] = {}
-        self._wake = threading.Event()
+        self._wake = _Waker()
         self._janitor: tuple[threading.Thread, threading.Event] | None = None
         self._closing: list[threading.Thread] = []
         """Threads closing stores the janitor took out of the cache."""
@@ -327,6 +331,7 @@ class StoreCache:
             self._wake.set()
             if thread is not threading.current_thread():
                 thread.join()
+            self._wake.unlisten()
         with self._mutex:  # the janitor starts no more threads: wait for those it started
             for entry in self._flush_queue:
                 entry.queued = False
@@ -513,6 +518,7 @@ class StoreCache:
             )
             self._janitor = thread, stop
         _raise_file_limit()  # the first store of this worker (or since close_all)
+        self._wake.listen()
         thread.start()
 
     def _janitor_loop(self, stop: threading.Event) -> None:
@@ -524,12 +530,14 @@ class StoreCache:
         folders: set[str] = set()
         due = math.inf
         while not stop.is_set():
-            next_sweep = last_sweep + _SWEEP_EVERY_S - time.monotonic()
-            woken = self._wake.wait(_JANITOR_POLL_S if folders else max(next_sweep, 0.0))
-            if woken:
-                # Cleared only when seen set, and before this pass looks everywhere: a wake
-                # that comes later is seen next pass, none is lost in between.
-                self._wake.clear()
+            now = time.monotonic()
+            until = last_sweep + _SWEEP_EVERY_S - now
+            if folders:  # idle stores: requests to look for, flushes and closes due
+                poll = _LOOK_ALL_EVERY_S if self._wake.listening else _JANITOR_POLL_S
+                until = min(until, poll, due - now)
+            # Cleared only when seen set, and before this pass looks everywhere: a wake that
+            # comes later is seen next pass, none is lost in between.
+            woken = self._wake.wait(max(until, 0.0))
             if stop.is_set():
                 return
             now = time.monotonic()
@@ -623,6 +631,68 @@ class StoreCache:
                 len(removed), ", ".join(removed),
             )  # fmt: skip
         return removed
+
+
+class _Waker:
+    """Wakes the janitor: :meth:`set` in this process; on Linux, once :meth:`listen` bound
+    the process's janitor socket, also a datagram another process sent there
+    (:meth:`StoreLock.ask`)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._socket: socket.socket | None = None
+
+    @property
+    def listening(self) -> bool:
+        """Whether other processes can wake the janitor (else it polls for requests)."""
+        return self._socket is not None
+
+    def listen(self) -> None:
+        """Bind this process's janitor socket, if there is one and it is free."""
+        address = janitor_address(os.getpid())
+        if address is None or self._socket is not None:
+            return
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            sock.bind(address)  # taken: another cache of this process listens (tests)
+        except OSError as exc:
+            sock.close()
+            _log.debug("the janitor polls for requests: %s", exc)
+            return
+        sock.setblocking(False)
+        self._socket = sock
+
+    def unlisten(self) -> None:
+        """Close the socket (the janitor stopped)."""
+        sock, self._socket = self._socket, None
+        if sock is not None:
+            sock.close()
+
+    def set(self) -> None:
+        """Wake the janitor."""
+        self._event.set()
+        sock = self._socket
+        if sock is not None:
+            with contextlib.suppress(OSError):  # closed meanwhile, or a full queue: it wakes
+                sock.sendto(b"", sock.getsockname())
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a wake; True if woken (and then cleared)."""
+        sock = self._socket
+        if self._event.is_set() or sock is None:
+            woken = self._event.wait(timeout)
+        else:
+            with contextlib.suppress(OSError, ValueError):  # closed by close_all
+                select.select([sock], [], [], timeout)
+            woken = self._event.is_set()
+        if woken:  # cleared only when seen set: a set() after this is seen next time
+            self._event.clear()
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                while True:  # drain: one pass answers every wake so far
+                    sock.recv(64)
+                    woken = True
+        return woken
 
 
 class _RequestWatch:

@@ -10,6 +10,11 @@ unlocks; the waiter gets the lock. A holder that is busy (its task still runs) o
 until the task ends, up to a timeout, and then fails with an error naming the directory
 and the holder's pid.
 
+On Linux the waiter also nudges the holder: a datagram to the holder's janitor socket
+(:func:`janitor_address`, named by the pid the lock file holds, in the abstract namespace:
+no file, gone with the process), so an idle holder's janitor need not poll for requests.
+Elsewhere, or when the nudge is lost, the janitor finds the request file on its own.
+
 The lock is ``fcntl.flock`` on ``<working copy>.lock``; lock files are never deleted (a
 deleted lock file lets two processes lock two different inodes). Releasing the lock after
 using the copy sets the lock file's modification time: when the copy was last used, which
@@ -29,11 +34,13 @@ import errno
 import fcntl
 import logging
 import os
+import socket
+import sys
 import time
 
 from statekeeper.errors import StateKeeperError
 
-__all__ = ["StoreBusyError", "StoreLock"]
+__all__ = ["StoreBusyError", "StoreLock", "janitor_address"]
 
 _log = logging.getLogger("statekeeper.spark")
 
@@ -45,6 +52,16 @@ _log = logging.getLogger("statekeeper.spark")
 _POLL_FAST_S = 0.002
 _POLL_SLOW_S = 0.05
 _FAST_FOR_S = 1.0
+_NUDGE_AGAIN_S = 0.5
+"""A waiter nudges the holder when it makes the request, and again at most this often."""
+
+
+def janitor_address(pid: int) -> bytes | None:
+    """The address of the janitor socket of process ``pid`` (Linux's abstract namespace),
+    or ``None`` where there is none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return b"\0statekeeper-janitor-%d" % pid
 
 
 class StoreBusyError(StateKeeperError, TimeoutError):
@@ -60,6 +77,7 @@ class StoreLock:
         self.request_path = f"{copy_path}.lock.request"
         self._fd: int | None = None
         self._used = False
+        self._nudged_at = -_NUDGE_AGAIN_S
 
     def __repr__(self) -> str:
         return f"StoreLock({self.path!r}, held={self.held})"
@@ -154,11 +172,35 @@ class StoreLock:
             raise StateKeeperError(f"cannot open the lock file {self.path}: {exc}") from exc
 
     def ask(self) -> None:
-        """Ask the holder to let go once idle (the request file), without waiting; the
-        process that takes the lock next removes the request. Never raises: a request that
-        could not be made only makes a later :meth:`acquire` wait longer."""
-        with contextlib.suppress(OSError):
-            os.close(os.open(self.request_path, os.O_WRONLY | os.O_CREAT, 0o644))
+        """Ask the holder to let go once idle (the request file), without waiting, and
+        nudge its janitor; the process that takes the lock next removes the request. Never
+        raises: a request that could not be made only makes a later :meth:`acquire` wait
+        longer."""
+        try:
+            os.close(os.open(self.request_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            made = True
+        except FileExistsError:
+            made = False
+        except OSError:
+            return
+        now = time.monotonic()
+        if made or now - self._nudged_at >= _NUDGE_AGAIN_S:
+            self._nudged_at = now
+            self._nudge()
+
+    def _nudge(self) -> None:
+        """Wake the holder's janitor (best effort: it also looks for requests by itself)."""
+        try:
+            with open(self.path, "rb") as fh:
+                holder = int(fh.read(32).split()[0])
+        except (OSError, ValueError, IndexError):
+            return  # no holder noted (yet)
+        address = janitor_address(holder)
+        if address is None:
+            return
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.setblocking(False)
+            s.sendto(b"!", address)  # no such socket, or its queue is full: it polls
 
     def _busy_message(self, fd: int, waited: float) -> str:
         holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
