@@ -375,6 +375,73 @@ def test_a_worker_out_of_threads_still_flushes_closes_and_hands_over(
         second.close_all()
 
 
+def test_a_store_whose_flush_and_close_fail_stops_no_later_flush(tmp_path: Path) -> None:
+    """Found by review: an error the failed flush's close raised ended the flusher thread
+    for good, and no idle store was flushed again."""
+    config = StoreConfig(local_dir=str(tmp_path / "local"), metrics_every=100)
+    spec = StoreSpec(str(tmp_path / "root"), "op", 2, config, (), 5.0)
+    cache = StoreCache(idle_flush_s=0.0)
+    try:
+        broken = cache.acquire(spec, 0, 0)
+        gate, started = _gate_flush(broken.store, fail=StateKeeperError("injected"))
+        close = broken.store.close
+
+        def failing_close() -> None:
+            close()
+            raise RuntimeError("a bug in close (injected)")
+
+        broken.store.close = failing_close  # type: ignore[method-assign]
+        broken.store.put(b"k", b"v")
+        broken.store.commit()
+        cache.release(broken, ok=True)
+        assert started.wait(60)
+        gate.set()
+        deadline = time.monotonic() + 60
+        while cache.open_keys() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cache.open_keys() == []  # closed after its flush failed
+        lease = cache.acquire(spec, 1, 0)
+        lease.store.put(b"k", b"v")
+        lease.store.commit()
+        cache.release(lease, ok=True)
+        blobs = cache.backend(spec).blobs
+        while not read_commit_metrics(blobs, "op", 1) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(read_commit_metrics(blobs, "op", 1)) == [1]  # flushed
+        assert cache.open_keys() != []  # and kept open
+    finally:
+        cache.close_all()
+
+
+_HIGH_DESCRIPTOR = """
+import os, resource, time
+from statekeeper.spark._cache import _Waker
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+waker = _Waker()
+waker.listen()
+assert waker.listening and waker._socket.fileno() >= 1024, waker._socket
+started = time.monotonic()
+woken = waker.wait(0.5)
+print(woken, time.monotonic() - started >= 0.4, flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's abstract sockets")
+def test_the_janitor_sleeps_with_its_socket_above_descriptor_1024() -> None:
+    """Found by review: select() cannot watch a descriptor above 1024, the error was
+    suppressed, and the janitor of a worker holding many files never slept."""
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 1200:
+        pytest.skip("the hard open-file limit is below 1200")
+    done = subprocess.run(
+        [sys.executable, "-c", _HIGH_DESCRIPTOR], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["False", "True"]  # not woken, and it waited
+
+
 def test_an_idle_store_is_flushed_once_until_a_task_uses_it_again(spec: StoreSpec) -> None:
     cache = StoreCache(idle_flush_s=0.0)
     try:

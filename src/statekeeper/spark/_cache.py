@@ -325,13 +325,14 @@ class StoreCache:
         acquired starts a janitor again."""
         with self._mutex:
             janitor, self._janitor = self._janitor, None
+            if janitor is not None:  # in this hold: a janitor started next listens anew
+                self._wake.unlisten()
         if janitor is not None:
             thread, stop = janitor
             stop.set()
             self._wake.set()
             if thread is not threading.current_thread():
                 thread.join()
-            self._wake.unlisten()
         with self._mutex:  # the janitor starts no more threads: wait for those it started
             for entry in self._flush_queue:
                 entry.queued = False
@@ -458,21 +459,27 @@ class StoreCache:
 
     def _flush_queued(self) -> None:
         """The flusher thread: flush the queued stores still idle in the cache, one at a
-        time, until none is left."""
-        while True:
+        time, until none is left (should it fail, the next flush queued starts another)."""
+        try:
+            while True:
+                with self._mutex:
+                    entry = None
+                    while entry is None and self._flush_queue:
+                        queued = self._flush_queue.popleft()
+                        held = self._entries.get(queued.key) is queued
+                        if queued.queued and not queued.busy and held:
+                            entry = queued
+                        queued.queued = False  # a task took it, or it is queued again later
+                    if entry is None:
+                        self._flusher = None  # in this hold: a flush queued next starts one
+                        return
+                    entry.busy, entry.flushing = True, threading.Event()
+                self._flush_one(entry)
+        except BaseException:
             with self._mutex:
-                entry = None
-                while entry is None and self._flush_queue:
-                    queued = self._flush_queue.popleft()
-                    held = self._entries.get(queued.key) is queued
-                    if queued.queued and not queued.busy and held:
-                        entry = queued
-                    queued.queued = False  # a task took it, or it is queued again further on
-                if entry is None:
+                if self._flusher is threading.current_thread():
                     self._flusher = None
-                    return
-                entry.busy, entry.flushing = True, threading.Event()
-            self._flush_one(entry)
+            raise
 
     def _flush_one(self, entry: _Entry) -> None:
         """Flush a store marked as being flushed and give it back to the cache; one that
@@ -517,8 +524,8 @@ class StoreCache:
                 target=self._janitor_loop, args=(stop,), name="statekeeper-janitor", daemon=True
             )
             self._janitor = thread, stop
+            self._wake.listen()
         _raise_file_limit()  # the first store of this worker (or since close_all)
-        self._wake.listen()
         thread.start()
 
     def _janitor_loop(self, stop: threading.Event) -> None:
@@ -682,8 +689,12 @@ class _Waker:
         if self._event.is_set() or sock is None:
             woken = self._event.wait(timeout)
         else:
+            # poll(), not select(): a worker holding many stores may give the socket a
+            # descriptor above select()'s 1024 (then the janitor would never sleep).
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
             with contextlib.suppress(OSError, ValueError):  # closed by close_all
-                select.select([sock], [], [], timeout)
+                poller.poll(timeout * 1000)
             woken = self._event.is_set()
         if woken:  # cleared only when seen set: a set() after this is seen next time
             self._event.clear()
@@ -891,7 +902,7 @@ def _shutdown(entry: _Entry) -> None:
 def _shutdown_logged(entry: _Entry) -> None:
     try:
         _shutdown(entry)
-    except (StateKeeperError, OSError):  # the janitor must survive
+    except Exception:  # noqa: BLE001 - the janitor and the flusher must survive
         _log.exception("could not release the store of %s", entry.path)
 
 
