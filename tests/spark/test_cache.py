@@ -1087,10 +1087,14 @@ def test_close_all_stops_the_janitor_and_the_next_acquire_starts_one(
     cache: StoreCache, spec: StoreSpec
 ) -> None:
     lease = cache.acquire(spec, 0, 0)
-    cache.release(lease, ok=True)
+    cache.release(lease, ok=False)  # closed: no idle store left
     assert cache._janitor is not None
     thread = cache._janitor[0]
-    cache.close_all()
+    time.sleep(0.2)  # the janitor sleeps until its next sweep, 60 s away
+    closing = threading.Thread(target=cache.close_all)
+    closing.start()
+    closing.join(30)  # once, a janitor waiting on its socket was not woken
+    assert not closing.is_alive()
     assert not thread.is_alive()
     lease = cache.acquire(spec, 0, 0)
     assert cache._janitor is not None

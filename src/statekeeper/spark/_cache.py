@@ -325,8 +325,6 @@ class StoreCache:
         acquired starts a janitor again."""
         with self._mutex:
             janitor, self._janitor = self._janitor, None
-            if janitor is not None:  # in this hold: a janitor started next listens anew
-                self._wake.unlisten()
         if janitor is not None:
             thread, stop = janitor
             stop.set()
@@ -524,42 +522,48 @@ class StoreCache:
                 target=self._janitor_loop, args=(stop,), name="statekeeper-janitor", daemon=True
             )
             self._janitor = thread, stop
-            self._wake.listen()
         _raise_file_limit()  # the first store of this worker (or since close_all)
         thread.start()
 
     def _janitor_loop(self, stop: threading.Event) -> None:
-        last_sweep = time.monotonic()
+        listening: socket.socket | None = None  # this janitor's socket, while it has one
+        last_sweep, last_listen = time.monotonic(), -math.inf
         watch = _RequestWatch()
         # The folders of the idle stores, and when the first of them is idle too long: as of
         # the last pass over the stores. Stores become idle only in a release, which wakes
         # the janitor, so nothing else needs a pass over them (a worker may hold hundreds).
         folders: set[str] = set()
         due = math.inf
-        while not stop.is_set():
-            now = time.monotonic()
-            until = last_sweep + _SWEEP_EVERY_S - now
-            if folders:  # idle stores: requests to look for, flushes and closes due
-                poll = _LOOK_ALL_EVERY_S if self._wake.listening else _JANITOR_POLL_S
-                until = min(until, poll, due - now)
-            # Cleared only when seen set, and before this pass looks everywhere: a wake that
-            # comes later is seen next pass, none is lost in between.
-            woken = self._wake.wait(max(until, 0.0))
-            if stop.is_set():
-                return
-            now = time.monotonic()
-            # Woken (a store released or opened): a request may wait for it; look everywhere.
-            look = watch.folders(folders, everything=woken)
-            if look is None or look or now >= due:
-                folders, due = self._close_doomed(now, look)
-            if time.monotonic() - last_sweep >= _SWEEP_EVERY_S:
-                last_sweep = time.monotonic()
-                try:
-                    self.sweep_local_copies()
-                except (StateKeeperError, OSError):
-                    _log.exception("could not sweep unused local working copies")
-                if left := sweep_dead_spills(spill_dir()):
-                    _log.info("deleted the spilled input of workers that ended: %s", left)
+        try:
+            while not stop.is_set():
+                now = time.monotonic()
+                if listening is None and now - last_listen >= _LOOK_ALL_EVERY_S:
+                    last_listen = now  # the name may be taken by a janitor still ending
+                    listening = self._wake.listen()
+                until = last_sweep + _SWEEP_EVERY_S - now
+                if folders:  # idle stores: requests to look for, flushes and closes due
+                    poll = _LOOK_ALL_EVERY_S if listening is not None else _JANITOR_POLL_S
+                    until = min(until, poll, due - now)
+                # Cleared only when seen set, and before this pass looks everywhere: a wake
+                # that comes later is seen next pass, none is lost in between.
+                woken = self._wake.wait(max(until, 0.0))
+                if stop.is_set():
+                    return
+                now = time.monotonic()
+                # Woken (a store released or opened, a request made): look everywhere.
+                look = watch.folders(folders, everything=woken)
+                if look is None or look or now >= due:
+                    folders, due = self._close_doomed(now, look)
+                if time.monotonic() - last_sweep >= _SWEEP_EVERY_S:
+                    last_sweep = time.monotonic()
+                    try:
+                        self.sweep_local_copies()
+                    except (StateKeeperError, OSError):
+                        _log.exception("could not sweep unused local working copies")
+                    if left := sweep_dead_spills(spill_dir()):
+                        _log.info("deleted the spilled input of workers that ended: %s", left)
+        finally:
+            self._wake.unlisten(listening)
 
     def _close_doomed(
         self, now: float, folders: Collection[str] | None = None
@@ -654,26 +658,31 @@ class _Waker:
         """Whether other processes can wake the janitor (else it polls for requests)."""
         return self._socket is not None
 
-    def listen(self) -> None:
-        """Bind this process's janitor socket, if there is one and it is free."""
+    def listen(self) -> socket.socket | None:
+        """Bind this process's janitor socket, if there is one and it is free (called by
+        the janitor thread, which closes it with :meth:`unlisten` when it ends); returns
+        it, or ``None``."""
         address = janitor_address(os.getpid())
         if address is None or self._socket is not None:
-            return
+            return None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
-            sock.bind(address)  # taken: another cache of this process listens (tests)
+            sock.bind(address)  # taken: another cache (tests), or a janitor still ending
         except OSError as exc:
             sock.close()
             _log.debug("the janitor polls for requests: %s", exc)
-            return
+            return None
         sock.setblocking(False)
         self._socket = sock
+        return sock
 
-    def unlisten(self) -> None:
-        """Close the socket (the janitor stopped)."""
-        sock, self._socket = self._socket, None
-        if sock is not None:
-            sock.close()
+    def unlisten(self, sock: socket.socket | None) -> None:
+        """Close ``sock``, a socket :meth:`listen` returned."""
+        if sock is None:
+            return
+        if self._socket is sock:
+            self._socket = None
+        sock.close()
 
     def set(self) -> None:
         """Wake the janitor."""
