@@ -25,7 +25,12 @@ from statekeeper.errors import StateKeeperError
 from statekeeper.store import _label, _rocks, _working_copy
 from statekeeper.store._label import decode_undo, encode_undo, pack_label, parse_label
 from statekeeper.store._rocks import SHARED_MEMORY, SharedMemory
-from statekeeper.store._working_copy import WorkingCopy, remove_unused_copy, upload_journal_path
+from statekeeper.store._working_copy import (
+    WorkingCopy,
+    remove_unused_copy,
+    unmark_copy,
+    upload_journal_path,
+)
 
 ROOT = "r" * 32
 
@@ -624,6 +629,45 @@ def test_lineage_records_written_by_two_threads_at_once_do_not_collide(tmp_path:
     assert errors == []
     assert copy.lineage in {("a", 299), ("b", 299)}
     copy.close()
+
+
+def test_a_lineage_record_holds_only_for_the_database_it_was_written_for(
+    tmp_path: Path,
+) -> None:
+    """A snapshot ending after its copy was set aside (or closed and rebuilt by another
+    backend) writes its record beside whatever database is at the path by then; read for
+    that database, it must not hold (its files would be trusted by name against another
+    database's). A copy reopened as it is keeps its record; one whose files a restore
+    replaces (``unmark_copy``) does not."""
+    copy = _copy(tmp_path)
+    copy.set_lineage("a" * 32, 3)
+    copy.close()
+    copy = _copy(tmp_path)
+    assert copy.lineage == ("a" * 32, 3)  # the same database, reopened
+    copy.close()
+    copy.set_lineage("b" * 32, 4)  # a late snapshot of the closed copy: still its database
+    copy = _copy(tmp_path)
+    assert copy.lineage == ("b" * 32, 4)
+    old = copy
+    old.set_aside("test")
+    new = _copy(tmp_path)  # a new database at the path
+    old.set_lineage("c" * 32, 5)  # the set-aside copy's snapshot ends late
+    assert new.lineage is None
+    new.close()
+    unmark_copy(new.path)  # a restore replaces its files in place
+    old_record = Path(new.lineage_path).read_text()
+    restored = _copy(tmp_path)
+    Path(restored.lineage_path).write_text(old_record)
+    assert restored.lineage is None
+    restored.close()
+    stale = _copy(tmp_path)  # closed, its snapshot still uploading
+    stale.close()
+    discarded = _copy(tmp_path)  # another backend discards the database (a re-run)
+    discarded.destroy()
+    fresh = _copy(tmp_path)
+    stale.set_lineage("d" * 32, 6)  # found by review: this one was trusted
+    assert fresh.lineage is None
+    fresh.close()
 
 
 def test_a_copy_open_in_another_process_is_kept(tmp_path: Path) -> None:

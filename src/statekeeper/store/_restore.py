@@ -88,14 +88,10 @@ def restore_copy(
                     history = _without_snapshot(history, plan.base, exc)
                     continue  # _from_snapshot removed the half-restored copy
             elif copy is None:
-                if local_path is not None:
-                    if os.path.isdir(local_path):
-                        # No database, but maybe the files of a restore cut short: never
-                        # open a database among them (replayed onto, they could read back).
-                        delete_copy_folder(local_path)
-                    # A new database descends from no snapshot, whatever a record beside
-                    # its folder says (a copy set aside there, say).
-                    forget_lineage(local_path)
+                if local_path is not None and os.path.isdir(local_path):
+                    # No database, but maybe the files of a restore cut short: never open
+                    # a database among them (replayed onto, they could read back).
+                    delete_copy_folder(local_path)
                 copy = open_copy()
             elif plan.base_kind == "empty" and (copy.label is not None or copy.root_id):
                 _log.info(

@@ -35,6 +35,7 @@ import shutil
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -151,6 +152,13 @@ class WorkingCopy:
             # Off for a copy whose files must stay those of its snapshot (a rescale's parent).
             self._opts.set_disable_auto_compactions(not compactions)
             self._db, self._label = self._open_db()
+            try:
+                self._incarnation = _incarnation(self.path)
+            except OSError as exc:
+                self._db.close()
+                raise StateKeeperError(
+                    f"cannot open the local working copy {self.path}: {exc}; {disk_note(self.path)}"
+                ) from exc
         except BaseException:
             with _open_paths_lock:
                 _open_paths.discard(self.path)
@@ -161,7 +169,6 @@ class WorkingCopy:
         self._last_flush = time.monotonic()
         self._closed = False
         self._damage: DamagedCopyError | None = None
-        self._set_aside = False
         # Serializes writes, checkpoints and close: a checkpoint taken by the background
         # snapshot thread must hold exactly one labelled version.
         self._lock = threading.Lock()
@@ -232,7 +239,6 @@ class WorkingCopy:
                 return  # open again in this process
             _open_paths.add(self.path)
         try:
-            self._mark_set_aside()
             with holding_lock(self.path, damage):
                 set_aside(self.path, damage)
             self.set_lineage(None, 0)
@@ -250,7 +256,6 @@ class WorkingCopy:
             StateKeeperError: the rename failed, or another process opened the copy.
         """
         self._damage = None  # set aside here, not again by close
-        self._mark_set_aside()
         self.close(flush=False)
         with holding_lock(self.path, reason if isinstance(reason, BaseException) else None):
             aside = set_aside(self.path, reason)
@@ -712,28 +717,26 @@ class WorkingCopy:
         """(checkpoint id, version) of the snapshot this copy last uploaded or restored.
 
         RocksDB numbers its files per database, so file names are comparable with that
-        snapshot's index only while this holds; ``None`` when unknown.
+        snapshot's index only while this holds. The record names the database it was
+        written for (its incarnation, see :func:`_incarnation`): a record of another
+        database at this path (a snapshot of a copy since set aside, or closed and rebuilt
+        by another backend, that ended late) reads as ``None``, as does an unknown one.
         """
         try:
             with open(self.lineage_path, encoding="utf-8") as fh:
                 doc = json.load(fh)
             checkpoint_id, version = doc["checkpointId"], doc["version"]
+            incarnation = doc["incarnation"]
         except (OSError, ValueError, KeyError, TypeError):
             return None
         if not isinstance(checkpoint_id, str) or not isinstance(version, int):
             return None
+        if incarnation != self._incarnation:
+            return None
         return checkpoint_id, version
-
-    def _mark_set_aside(self) -> None:
-        """From now on this copy records no lineage: the files at :attr:`path` are another
-        database's (its rebuild's, say), and a snapshot of this copy still uploading must
-        not name its own snapshot as theirs."""
-        with _LINEAGE_LOCK:  # a lineage being written is written before the rename
-            self._set_aside = True
 
     def set_lineage(self, checkpoint_id: str | None, version: int) -> None:
         """Record (or forget, with ``None``) the snapshot the copy's files descend from.
-        Nothing is recorded for a copy that was set aside (its snapshot ended after).
 
         Raises:
             StateKeeperError: the record cannot be written (a full disk, say).
@@ -742,13 +745,11 @@ class WorkingCopy:
             forget_lineage(self.path)
             return
         tmp = f"{self.lineage_path}.tmp"
+        doc = {"checkpointId": checkpoint_id, "version": version, "incarnation": self._incarnation}
         try:
             with _LINEAGE_LOCK:  # a background snapshot and snapshot_now may finish together
-                if self._set_aside:
-                    _log.info("no lineage recorded for %s: it was set aside", self.path)
-                    return
                 with open(tmp, "w", encoding="utf-8") as fh:
-                    json.dump({"checkpointId": checkpoint_id, "version": version}, fh)
+                    json.dump(doc, fh)
                 os.replace(tmp, self.lineage_path)
         except OSError as exc:
             raise StateKeeperError(
@@ -777,6 +778,36 @@ def forget_lineage(path: str) -> None:
         os.unlink(_lineage_path(os.path.abspath(path)))
 
 
+_INCARNATION = "STATEKEEPER-INCARNATION"
+"""A file of ours inside the copy's folder (RocksDB leaves files it does not name alone, and
+a checkpoint, hence a snapshot, does not take it)."""
+
+
+def _incarnation(path: str) -> str:
+    """The random id of the database at ``path``, made when first asked for after the
+    database was created or its files replaced (:func:`unmark_copy`): lineage records name
+    it, so a record written for another database at this path is not trusted. A copy of
+    an older release gets one now (its record, naming none, is not trusted once).
+
+    Raises:
+        OSError: the id cannot be read or written.
+    """
+    marker = os.path.join(path, _INCARNATION)
+    try:
+        with open(marker, encoding="ascii") as fh:
+            found = fh.read().strip()
+        if found:
+            return found
+    except FileNotFoundError:
+        pass
+    made = uuid.uuid4().hex
+    tmp = f"{marker}.tmp"
+    with open(tmp, "w", encoding="ascii") as fh:
+        fh.write(made)
+    os.replace(tmp, marker)
+    return made
+
+
 def copy_exists(path: str) -> bool:
     """Whether ``path`` holds a RocksDB database (its ``CURRENT`` file); a restore that
     replaces every file of a copy anyway need not create an empty database there first."""
@@ -789,6 +820,8 @@ def unmark_copy(path: str) -> None:
     (:func:`copy_exists` is false), which the next restore resumes into, keeping the files
     already there that match, instead of an old ``CURRENT`` over new files, which RocksDB
     cannot open and which was set aside whole."""
+    with contextlib.suppress(FileNotFoundError):  # the files are another database's
+        os.unlink(os.path.join(path, _INCARNATION))
     try:
         os.unlink(os.path.join(path, "CURRENT"))
     except FileNotFoundError:
