@@ -27,7 +27,7 @@ from statekeeper.storage import BlobStore, LocalBlobStore
 from statekeeper.store import checked_items, set_aside_copies, set_aside_time
 from statekeeper.store._local_disk import DamagedCopyError, read_failure, set_aside
 from statekeeper.store._rocks import damaged_tables
-from tests.blobstores import RecordingBlobStore
+from tests.blobstores import RecordingBlobStore, store_history
 
 KEYS = 3000
 
@@ -504,6 +504,66 @@ def test_a_snapshot_of_a_copy_set_aside_leaves_no_lineage_on_the_rebuilt_copy(
         snapshotting.wait_for_snapshots()
         assert Path(f"{copy}.lineage.json").exists()  # written late, for the old database
         assert store._copy.lineage is None  # and not taken for the rebuilt one's
+
+
+class _SwapsAFileOfTheCheckpoint(RecordingBlobStore):
+    """When armed, at the snapshot's read of its previous index (after the checkpoint was
+    taken, before the upload), puts another table's bytes under one of the checkpoint's
+    newest table's names: what a folder replaced under a live store leaves (a file of
+    another database under a name the MANIFEST knows), each file passing its own checks."""
+
+    def __init__(self, inner: LocalBlobStore, copy: str) -> None:
+        super().__init__(inner)
+        self.copy = copy
+        self.armed = False
+
+    def get(self, key: str) -> bytes:
+        if self.armed and "/snapshot/" in key:
+            self.armed = False
+            (checkpoint,) = Path(f"{self.copy}.checkpoints").iterdir()
+            tables = sorted(checkpoint.glob("*.sst"))
+            newest, other = tables[-1], tables[0]
+            newest.unlink()  # a hard link: the live copy keeps its own file
+            newest.write_bytes(other.read_bytes())
+        return super().get(key)
+
+
+def _snapshot_versions(backend: sk.StateBackend) -> list[int]:
+    manifest = store_history(backend, "op", 0).manifest
+    assert manifest is not None
+    return [s.version for s in manifest.snapshots]
+
+
+def test_a_checkpoint_holding_another_database_s_file_is_not_uploaded(tmp_path: Path) -> None:
+    """Found by review (a copy's folder replaced under a live store): the snapshot was
+    uploaded and registered; every file passed its own checksum, but no restore could open
+    it ("Mismatch in unique ID"), and GC then took it as the base of the versions it kept,
+    deleting the changelogs that could still rebuild them. The checkpoint must open, as
+    the database and version it was taken of, before it is uploaded."""
+    backend, copy = _committed(tmp_path)
+    backend.close()
+    blobs = _SwapsAFileOfTheCheckpoint(LocalBlobStore(str(tmp_path / "root")), str(copy))
+    config = sk.StoreConfig(
+        local_dir=str(tmp_path / "local"), snapshot_every=10_000, local_checkpoint_interval_s=0
+    )
+    with sk.StateBackend(blobs, config=config) as snapshotting:
+        with snapshotting.open("op", 0) as store:
+            store.snapshot_now()  # version 2
+            for n in range(3):  # flushed at each commit: new tables
+                store.put(b"new%d" % n, b"v")
+                store.commit()
+            blobs.armed = True
+            with pytest.raises(DamagedCopyError, match="not the database it was taken of"):
+                store.snapshot_now()  # version 5
+            assert _snapshot_versions(snapshotting) == [2]
+            assert store.get(b"new2") == b"v"  # rebuilt from the root
+            assert len(_aside(copy)) == 1
+            store.snapshot_now()
+        assert _snapshot_versions(snapshotting) == [2, 5]
+    with _backend(tmp_path / "root", tmp_path / "fresh").open("op", 0) as fresh:
+        assert fresh.restore_info.base_kind == "snapshot"
+        assert fresh.restore_info.base == 5
+        assert (fresh.get(b"new0"), fresh.get(b"k02999")) == (b"v", _value(2999))
 
 
 def test_damage_found_in_a_multi_part_commit_does_not_fail_it(tmp_path: Path) -> None:

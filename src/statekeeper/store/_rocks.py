@@ -324,6 +324,33 @@ def damaged_tables(tables: Sequence[Path]) -> list[str]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def read_checkpoint(path: Path, key: bytes) -> bytes | None:
+    """The value of ``key`` in the database checkpointed at ``path``, opened read-only: RocksDB
+    opens every table file then and checks it against the MANIFEST (its unique id), so a
+    folder holding files of another database (one that replaced the copy's folder under
+    a live store, say), which every file's own checksums pass, does not open.
+
+    Raises:
+        StateKeeperError: RocksDB cannot open the checkpoint, or read it (the message is
+            RocksDB's).
+    """
+    opts = rocksdict.Options(raw_mode=True)
+    try:
+        db = rocksdict.Rdict(
+            str(path), opts, column_families={"default": opts},
+            access_type=rocksdict.AccessType.read_only(False),
+        )  # fmt: skip
+    except Exception as exc:
+        raise StateKeeperError(f"the checkpoint {path} does not open: {exc}") from exc
+    try:
+        raw = db.get(key)
+        return None if raw is None else bytes(raw)
+    except Exception as exc:
+        raise StateKeeperError(f"the checkpoint {path} cannot be read: {exc}") from exc
+    finally:
+        db.close()
+
+
 def _whole_once_ingested(table: Path, scratch: Path) -> bool:
     """Whether ``table``, which the repairer refused, reads whole once ingested into a
     database of its own. The repairer also refuses the intact files of ``SstFileWriter``

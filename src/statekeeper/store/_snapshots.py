@@ -43,8 +43,14 @@ from statekeeper.snapshot import (
 )
 from statekeeper.storage import BlobStore, thread_pool
 from statekeeper.store._commit_point import CommitPoint
-from statekeeper.store._rocks import damaged_tables
-from statekeeper.store._working_copy import DamagedCopyError, WorkingCopy, upload_journal_path
+from statekeeper.store._label import parse_label
+from statekeeper.store._rocks import damaged_tables, read_checkpoint
+from statekeeper.store._working_copy import (
+    LABEL_KEY,
+    DamagedCopyError,
+    WorkingCopy,
+    upload_journal_path,
+)
 
 __all__ = [
     "SnapshotJob",
@@ -293,6 +299,7 @@ class Snapshotter:
 
     def _upload(self, job: SnapshotJob, path: Path, version: int, attempt: str) -> SnapshotMetrics:
         previous, previous_key, trust, unusable = self._previous(job, version)
+        _check_checkpoint(job.copy, path, version, attempt)
         job.index_key = layout.attempt_snapshot_key(
             job.operator, job.partition, version, uuid.uuid4().hex
         )
@@ -404,6 +411,38 @@ def _check_tables(copy: WorkingCopy, added: list[Path]) -> None:
                 f"its SST files {', '.join(bad)} fail their checksums (found before a "
                 "snapshot would have uploaded them)"
             ),
+        )
+        copy.report_damage(damage)
+        raise damage
+
+
+def _check_checkpoint(copy: WorkingCopy, path: Path, version: int, attempt: str) -> None:
+    """Refuse to upload a checkpoint that does not open as the database of ``version``
+    (``attempt``): files of another database at the copy's path (its folder replaced under
+    the live store by a cleaner of temporary files, say) make a snapshot whose every file
+    passes its own checksum, which no restore can open, and which GC could take as the
+    base of the versions it keeps. The copy is reported damaged, so the store rebuilds it.
+
+    Raises:
+        DamagedCopyError: the checkpoint does not open, or holds another version.
+    """
+    with phases.phase("verify"):
+        try:
+            raw = read_checkpoint(path, LABEL_KEY)
+            label = None if raw is None else parse_label(raw)[0]
+            held = (0, "") if label is None else (label.version, label.attempt)  # empty
+            problem = (
+                None
+                if held == (version, attempt)
+                else f"it holds version {held[0]} attempt {held[1]!r}, not version "
+                f"{version} attempt {attempt!r}"
+            )
+        except (StateKeeperError, ValueError) as exc:
+            problem = str(exc)
+    if problem is not None:
+        damage = DamagedCopyError(
+            copy.path,
+            CorruptStateError(f"a checkpoint of it is not the database it was taken of: {problem}"),
         )
         copy.report_damage(damage)
         raise damage
