@@ -235,6 +235,30 @@ def _gate_flush(
     return gate, started
 
 
+def _acquire_while_flushing(
+    holder: StoreCache, taker: StoreCache, spec: StoreSpec, fail: Exception | None = None
+) -> tuple[Lease, Lease]:
+    """Commit ``k = v`` at version 0 in ``holder`` and release the store; while the
+    janitor's flush of it is held, acquire it at version 1 from ``taker`` on another
+    thread, which must wait; then let the flush end (raising ``fail``, if given). Returns
+    the holder's lease and the taker's."""
+    lease = holder.acquire(spec, 0, 0)
+    gate, started = _gate_flush(lease.store, fail=fail)
+    lease.store.put(b"k", b"v")
+    lease.store.commit()
+    holder.release(lease, ok=True)
+    assert started.wait(60)
+    got: list[Lease] = []
+    task = threading.Thread(target=lambda: got.append(taker.acquire(spec, 0, 1)))
+    task.start()
+    task.join(0.3)
+    assert task.is_alive()  # waits for the flush, and does not fail as "in use"
+    gate.set()
+    task.join(60)
+    assert len(got) == 1
+    return lease, got[0]
+
+
 def test_a_task_that_wants_a_store_being_flushed_waits_for_it_and_reuses_it(
     tmp_path: Path,
 ) -> None:
@@ -242,25 +266,13 @@ def test_a_task_that_wants_a_store_being_flushed_waits_for_it_and_reuses_it(
     spec = StoreSpec(str(tmp_path / "root"), "op", 2, config, (), 5.0)
     cache = StoreCache(idle_flush_s=0.0)
     try:
-        lease = cache.acquire(spec, 0, 0)
-        gate, started = _gate_flush(lease.store)
-        lease.store.put(b"k", b"v")
-        lease.store.commit()
-        cache.release(lease, ok=True)
-        assert started.wait(60)
-        got: list[Lease] = []
-        task = threading.Thread(target=lambda: got.append(cache.acquire(spec, 0, 1)))
-        task.start()
-        task.join(0.3)
-        assert task.is_alive()  # waits for the flush, and does not fail as "in use"
-        gate.set()
-        task.join(60)
-        assert got[0].reused
-        assert got[0].store is lease.store
+        lease, taken = _acquire_while_flushing(cache, cache, spec)
+        assert taken.reused
+        assert taken.store is lease.store
         assert sorted(read_commit_metrics(cache.backend(spec).blobs, "op", 0)) == [1]
-        got[0].store.put(b"k", b"w")
-        assert got[0].store.commit().version == 2
-        cache.release(got[0], ok=True)
+        taken.store.put(b"k", b"w")
+        assert taken.store.commit().version == 2
+        cache.release(taken, ok=True)
     finally:
         cache.close_all()
 
@@ -279,21 +291,11 @@ def test_an_idle_store_that_cannot_be_flushed_is_closed_and_the_next_task_reopen
     spec = StoreSpec(str(tmp_path / "root"), "op", 2, config, (), 5.0)
     cache = StoreCache(idle_flush_s=0.0)
     try:
-        lease = cache.acquire(spec, 0, 0)
-        gate, started = _gate_flush(lease.store, fail=error)
-        lease.store.put(b"k", b"v")
-        lease.store.commit()
-        cache.release(lease, ok=True)
-        assert started.wait(60)
-        got: list[Lease] = []
-        task = threading.Thread(target=lambda: got.append(cache.acquire(spec, 0, 1)))
-        task.start()
-        gate.set()
-        task.join(60)
+        lease, taken = _acquire_while_flushing(cache, cache, spec, fail=error)
         assert lease.store.closed
-        assert not got[0].reused
-        assert got[0].store.get(b"k") == b"v"
-        cache.release(got[0], ok=True)
+        assert not taken.reused
+        assert taken.store.get(b"k") == b"v"
+        cache.release(taken, ok=True)
     finally:
         cache.close_all()
 
@@ -476,24 +478,12 @@ def test_a_request_for_a_store_being_flushed_is_served_once_the_flush_ends(
 ) -> None:
     first, second = StoreCache(idle_close_s=3600, idle_flush_s=0.0), StoreCache()
     try:
-        lease = first.acquire(spec, 0, 0)
-        gate, started = _gate_flush(lease.store)
-        lease.store.put(b"k", b"v")
-        lease.store.commit()
-        first.release(lease, ok=True)
-        assert started.wait(60)
-        got: list[Lease] = []
-        taker = threading.Thread(target=lambda: got.append(second.acquire(spec, 0, 1)))
-        taker.start()
-        taker.join(0.3)
-        assert taker.is_alive()  # held while being flushed
-        gate.set()
-        taker.join(60)
-        assert got[0].store.get(b"k") == b"v"
-        assert got[0].restore is not None
-        assert (got[0].restore.base_kind, got[0].restore.changelogs_replayed) == ("local", 0)
+        _, taken = _acquire_while_flushing(first, second, spec)
+        assert taken.store.get(b"k") == b"v"
+        assert taken.restore is not None
+        assert (taken.restore.base_kind, taken.restore.changelogs_replayed) == ("local", 0)
         assert first.open_keys() == []
-        second.release(got[0], ok=True)
+        second.release(taken, ok=True)
     finally:
         first.close_all()
         second.close_all()
@@ -623,54 +613,55 @@ def dataclass_replace(spec: StoreSpec, **changes: float) -> StoreSpec:
 
 
 _HOLDER = """
-import sys
+import sys, time
 from statekeeper import StoreConfig
+from statekeeper.spark import _cache
 from statekeeper.spark._cache import CACHE, StoreSpec
+nudged_only = sys.argv[3] == "nudged"
+if nudged_only:
+    _cache._LOOK_ALL_EVERY_S = 3600.0  # no look of its own: only a nudge gets the store
 spec = StoreSpec(sys.argv[1], "op", 2, StoreConfig(local_dir=sys.argv[2]), (), 60.0)
 lease = CACHE.acquire(spec, 0, 0)
 lease.store.put(b"k", b"from the other process")
 lease.store.commit()
 CACHE.release(lease, ok=True)  # kept open and locked for its next task
-print("ready", flush=True)
+deadline = time.monotonic() + 30
+while nudged_only and not CACHE._wake.listening and time.monotonic() < deadline:
+    time.sleep(0.01)  # its janitor binds the socket when it starts
+print("listening" if nudged_only and CACHE._wake.listening else "ready", flush=True)
 sys.stdin.readline()
 print("still open" if CACHE.open_keys() else "released", flush=True)
 """
 
 
-def test_another_process_gets_the_working_copy(tmp_path: Path, spec: StoreSpec) -> None:
-    args = [sys.executable, "-c", _HOLDER, spec.root, str(tmp_path / "local")]
+def _take_from_another_process(
+    tmp_path: Path, spec: StoreSpec, *, nudged_only: bool = False
+) -> None:
+    """A holder process keeps the store open and idle; this process takes it over: the
+    holder lets go and stays alive, and the copy is reused with nothing to replay. With
+    ``nudged_only`` the holder never looks for requests by itself (Linux)."""
+    mode = "nudged" if nudged_only else "polls"
+    args = [sys.executable, "-c", _HOLDER, spec.root, str(tmp_path / "local"), mode]
     with subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as holder:
         assert holder.stdin is not None
         assert holder.stdout is not None
-        assert holder.stdout.readline().strip() == "ready"
+        assert holder.stdout.readline().strip() == ("listening" if nudged_only else "ready")
         cache = StoreCache()
-        lease = cache.acquire(spec, 0, 1)
-        assert lease.store.get(b"k") == b"from the other process"
-        assert lease.restore is not None
-        assert (lease.restore.base_kind, lease.restore.changelogs_replayed) == ("local", 0)
-        cache.release(lease, ok=True)
-        cache.close_all()
-        holder.stdin.write("\n")
-        holder.stdin.flush()
+        try:
+            lease = cache.acquire(dataclass_replace(spec, lock_timeout_s=30.0), 0, 1)
+            assert lease.store.get(b"k") == b"from the other process"
+            assert lease.restore is not None
+            assert (lease.restore.base_kind, lease.restore.changelogs_replayed) == ("local", 0)
+            cache.release(lease, ok=True)
+        finally:
+            cache.close_all()
+            holder.stdin.write("\n")
+            holder.stdin.flush()
         assert holder.stdout.readline().strip() == "released"  # alive, and it let go
 
 
-_NUDGED_HOLDER = """
-import sys
-from statekeeper import StoreConfig
-from statekeeper.spark import _cache
-from statekeeper.spark._cache import StoreCache, StoreSpec
-_cache._LOOK_ALL_EVERY_S = 3600.0  # no look of its own: only a nudge gets the store
-spec = StoreSpec(sys.argv[1], "op", 2, StoreConfig(local_dir=sys.argv[2]), (), 60.0)
-cache = StoreCache()
-lease = cache.acquire(spec, 0, 0)
-lease.store.put(b"k", b"from the other process")
-lease.store.commit()
-cache.release(lease, ok=True)
-print("listening" if cache._wake.listening else "polling", flush=True)
-sys.stdin.readline()
-print("still open" if cache.open_keys() else "released", flush=True)
-"""
+def test_another_process_gets_the_working_copy(tmp_path: Path, spec: StoreSpec) -> None:
+    _take_from_another_process(tmp_path, spec)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's abstract sockets")
@@ -679,21 +670,7 @@ def test_an_idle_holder_is_nudged_by_the_process_asking_and_polls_for_nothing(
 ) -> None:
     """The holder's janitor sleeps (a worker holding hundreds of idle stores for minutes
     spent a share of a core polling for requests); the asking process wakes it."""
-    args = [sys.executable, "-c", _NUDGED_HOLDER, spec.root, str(tmp_path / "local")]
-    with subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as holder:
-        assert holder.stdin is not None
-        assert holder.stdout is not None
-        assert holder.stdout.readline().strip() == "listening"
-        cache = StoreCache()
-        try:
-            lease = cache.acquire(dataclass_replace(spec, lock_timeout_s=30.0), 0, 1)
-            assert lease.store.get(b"k") == b"from the other process"
-            cache.release(lease, ok=True)
-        finally:
-            cache.close_all()
-            holder.stdin.write("\n")
-            holder.stdin.flush()
-        assert holder.stdout.readline().strip() == "released"
+    _take_from_another_process(tmp_path, spec, nudged_only=True)
 
 
 _LOCKER = """
