@@ -503,9 +503,9 @@ class StoreCache:
             finally:
                 if done is not None:
                     done.set()
-                # Asked for while being flushed (or closed): the janitor skipped it meanwhile.
-                if failed or entry.lock.requested():
-                    self._wake.set()
+                # Idle again (or closed): the janitor skipped it while it was busy, so its
+                # folder is not among those it watches, and a request may have come in.
+                self._wake.set()
 
     def _evict(self, entry: _Entry, *, logged: bool = False) -> None:
         with self._mutex:
