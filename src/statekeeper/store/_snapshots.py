@@ -19,6 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from typing import NoReturn
 
 from statekeeper import layout, phases
 from statekeeper.clock import latest_now
@@ -405,15 +406,11 @@ def _check_tables(copy: WorkingCopy, added: list[Path]) -> None:
     with phases.phase("verify"):
         bad = damaged_tables([path for path in added if path.suffix == ".sst"])
     if bad:
-        damage = DamagedCopyError(
-            copy.path,
-            CorruptStateError(
-                f"its SST files {', '.join(bad)} fail their checksums (found before a "
-                "snapshot would have uploaded them)"
-            ),
+        _refuse_upload(
+            copy,
+            f"its SST files {', '.join(bad)} fail their checksums (found before a snapshot "
+            "would have uploaded them)",
         )
-        copy.report_damage(damage)
-        raise damage
 
 
 def _check_checkpoint(copy: WorkingCopy, path: Path, version: int, attempt: str) -> None:
@@ -440,12 +437,18 @@ def _check_checkpoint(copy: WorkingCopy, path: Path, version: int, attempt: str)
         except (StateKeeperError, ValueError) as exc:
             problem = str(exc)
     if problem is not None:
-        damage = DamagedCopyError(
-            copy.path,
-            CorruptStateError(f"a checkpoint of it is not the database it was taken of: {problem}"),
-        )
-        copy.report_damage(damage)
-        raise damage
+        _refuse_upload(copy, f"a checkpoint of it is not the database it was taken of: {problem}")
+
+
+def _refuse_upload(copy: WorkingCopy, why: str) -> NoReturn:
+    """Report ``copy`` damaged (``why``), so the store rebuilds it, and fail the snapshot.
+
+    Raises:
+        DamagedCopyError: always.
+    """
+    damage = DamagedCopyError(copy.path, CorruptStateError(why))
+    copy.report_damage(damage)
+    raise damage
 
 
 def release_checkpoint(path: Path) -> None:
