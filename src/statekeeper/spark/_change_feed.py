@@ -21,6 +21,7 @@ from pyspark.sql import types as T
 from statekeeper import layout
 from statekeeper.config import StoreConfig
 from statekeeper.keyed import ChangeDecoder, OperatorRecord
+from statekeeper.spark._arrow_types import arrow_schema
 from statekeeper.spark._cache import worker_root
 from statekeeper.spark._listener import listener_of
 from statekeeper.spark._read import (
@@ -32,7 +33,6 @@ from statekeeper.spark._read import (
     utc,
     versions_to_read,
 )
-from statekeeper.spark._transform import _arrow_schema
 from statekeeper.store import StateBackend, StoreChanges
 
 __all__ = ["read_state_changes"]
@@ -144,7 +144,7 @@ def read_state_changes(
         checkpoint=root,
         operator=name,
         versions=versions,
-        arrow_schema=_arrow_schema(spark, schema),
+        arrow_schema=arrow_schema(spark, schema),
         storage_options=tuple(sorted((str(k), str(v)) for k, v in (storage_options or {}).items())),
         from_version=from_version,
         record=None if record is None else record.to_bytes(),

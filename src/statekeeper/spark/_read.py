@@ -45,9 +45,9 @@ from statekeeper.keyed import (
 )
 from statekeeper.keyed.output import rows_to_batch
 from statekeeper.reports import read_reports
+from statekeeper.spark._arrow_types import arrow_schema
 from statekeeper.spark._cache import worker_config, worker_root
 from statekeeper.spark._listener import StateListener, listener_of
-from statekeeper.spark._transform import _arrow_schema
 from statekeeper.store import StateBackend, StateStore
 
 __all__ = [
@@ -232,7 +232,7 @@ def _plan(
         typed=record is not None,
         grouped=grouped,
         allow_pickle=allow_pickle,
-        arrow_schema=_arrow_schema(spark, schema),
+        arrow_schema=arrow_schema(spark, schema),
         schema_partition=source,
         storage_options=tuple(sorted((str(k), str(v)) for k, v in (storage_options or {}).items())),
     )

@@ -53,11 +53,11 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_schema
 
 from statekeeper.errors import ConfigMismatchError
 from statekeeper.keyed import StatefulProcessor, key_group_range, validate_delay, validate_time_mode
 from statekeeper.keyed.runner import KEY_GROUP_COLUMN, TimeSpec, event_times_ms
+from statekeeper.spark._arrow_types import arrow_schema
 from statekeeper.spark._partition import Partitioning
 
 __all__ = [
@@ -174,10 +174,7 @@ def with_heartbeats(df: DataFrame, *, timing: TimeSpec, partitioning: Partitioni
         raise ConfigMismatchError("a time mode needs an operator with key groups")
     fields = [T.StructField(f.name, f.dataType, True) for f in df.schema.fields]
     schema = T.StructType([*fields, T.StructField(HEARTBEAT_COLUMN, T.BooleanType(), True)])
-    spark = df.sparkSession
-    large = str(spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false")).lower()
-    zone = spark.conf.get("spark.sql.session.timeZone", "UTC")
-    arrow = to_arrow_schema(schema, timezone=zone, prefers_large_types=large == "true")
+    arrow = arrow_schema(df.sparkSession, schema)
     beat = functools.partial(
         _beat_task, arrow, timing.event_time_column, partitioning.partitions,
         partitioning.key_groups,

@@ -69,11 +69,11 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_schema
 
 from statekeeper import layout
 from statekeeper.config import StoreConfig
 from statekeeper.keyed import StatefulProcessor, declared_ttls
+from statekeeper.spark._arrow_types import arrow_schema
 from statekeeper.spark._cache import StoreSpec, worker_root
 from statekeeper.spark._initial import (
     STAGED_SCHEMA,
@@ -252,7 +252,7 @@ def transform_with_state(
         lock_timeout_s, ts_column=TS_COLUMN, timing=timing,
     )  # fmt: skip
     if initial_state is not None:
-        staged_schema = _arrow_schema(initial_state.sparkSession, _output_struct(STAGED_SCHEMA))
+        staged_schema = arrow_schema(initial_state.sparkSession, _output_struct(STAGED_SCHEMA))
         staged = stage_for_batch_zero(
             initial_state, key_names, spec.partitioning, spec.store, spec.generation,
             staged_schema,
@@ -383,12 +383,6 @@ def _output_struct(output_schema: str | T.StructType) -> T.StructType:
     return parsed
 
 
-def _arrow_schema(spark: SparkSession, schema: T.StructType) -> Any:
-    large = str(spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false")).lower()
-    timezone = spark.conf.get("spark.sql.session.timeZone", "UTC")
-    return to_arrow_schema(schema, timezone=timezone, prefers_large_types=large == "true")
-
-
 def _prepare(
     df: DataFrame,
     key_names: list[str],
@@ -432,7 +426,7 @@ def _prepare(
     )  # fmt: skip
     key_schema = T.StructType([df.schema[k] for k in key_names]).json()
     return TaskSpec(
-        store, tuple(key_names), key_schema, _arrow_schema(spark, schema), ts_column,
+        store, tuple(key_names), key_schema, arrow_schema(spark, schema), ts_column,
         generation, key_groups, timing,
     )  # fmt: skip
 
