@@ -300,6 +300,33 @@ def test_an_idle_store_that_cannot_be_flushed_is_closed_and_the_next_task_reopen
         cache.close_all()
 
 
+def test_a_task_waits_for_a_flush_no_longer_than_for_a_lock(tmp_path: Path) -> None:
+    """A flush that meets damage rebuilds the copy from the root, which can take long: a
+    task wanting the store waits ``lock_timeout_s`` for it, as for another process's lock,
+    then fails busy (Spark retries it); once the flush ends, the store is reused."""
+    config = StoreConfig(local_dir=str(tmp_path / "local"))
+    spec = StoreSpec(str(tmp_path / "root"), "op", 2, config, (), 0.5)
+    cache = StoreCache(idle_flush_s=0.0)
+    try:
+        lease = cache.acquire(spec, 0, 0)
+        gate, started = _gate_flush(lease.store)
+        lease.store.put(b"k", b"v")
+        lease.store.commit()
+        cache.release(lease, ok=True)
+        assert started.wait(60)
+        began = time.monotonic()
+        with pytest.raises(StoreBusyError, match=r"op/0 is still being flushed .* after 0.5 s"):
+            cache.acquire(spec, 0, 1)
+        assert time.monotonic() - began < 30
+        gate.set()
+        again = cache.acquire(spec, 0, 1)
+        assert again.reused and again.store is lease.store
+        cache.release(again, ok=True)
+    finally:
+        gate.set()
+        cache.close_all()
+
+
 def test_stores_going_idle_together_are_flushed_one_at_a_time(tmp_path: Path) -> None:
     """Found by review: each idle store got a flush thread of its own, so 200 stores going
     idle together started 200 threads and a task wanting one waited for the whole wave."""

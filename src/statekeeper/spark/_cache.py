@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from statekeeper.config import StoreConfig
 from statekeeper.errors import StateKeeperError, StateNotFoundError
 from statekeeper.keyed.grouping import sweep_dead_spills
-from statekeeper.spark._filelock import StoreLock, janitor_address
+from statekeeper.spark._filelock import StoreBusyError, StoreLock, janitor_address
 from statekeeper.store import (
     RestoreInfo,
     StateBackend,
@@ -243,7 +243,8 @@ class StoreCache:
         local disk): the commit stands, and the store is opened again from the root.
 
         Raises:
-            StoreBusyError: another process kept the working copy locked too long.
+            StoreBusyError: another process kept the working copy locked, or a flush of it
+                in this process went on, for longer than ``spec.lock_timeout_s``.
             StateNotFoundError: ``version`` is not in the root (the message says why).
             StateKeeperError: the store is already leased in this process, or opening failed.
         """
@@ -358,6 +359,7 @@ class StoreCache:
         # <local_dir>/<root key>/<operator>/<partition>: the sweep stays inside this root.
         root_folder = os.path.dirname(os.path.dirname(path))
         ttl = backend.config.local_copy_ttl_s
+        deadline = time.monotonic() + spec.lock_timeout_s
         while True:
             with self._mutex:
                 self._roots[root_folder] = min(ttl, self._roots.get(root_folder, ttl))
@@ -373,10 +375,16 @@ class StoreCache:
                     return entry
             if flushing is None:
                 break
-            flushing.wait()  # the idle store is being flushed: milliseconds
+            # The idle store is being flushed: milliseconds, unless the flush met damage and
+            # rebuilds the copy; then as long as a wait for another process's lock.
+            if not flushing.wait(max(0.0, deadline - time.monotonic())):
+                raise StoreBusyError(
+                    f"the working copy of {spec.operator}/{partition} is still being flushed "
+                    f"by this process after {spec.lock_timeout_s:g} s (lock_timeout_s)"
+                )
         self._relieve_file_pressure()
         lock = StoreLock(path)
-        waited = lock.acquire(spec.lock_timeout_s)
+        waited = lock.acquire(max(0.0, deadline - time.monotonic()))
         if waited > 0.5:
             _log.info(
                 "waited %.2f s for the working copy of %s/%s", waited, spec.operator, partition
