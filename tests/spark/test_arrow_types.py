@@ -37,7 +37,7 @@ _COLUMNS = {
     "nothing": "null",
     "arr": "array(named_struct('k', 'a', 'at', timestamp'2024-01-01 00:00:00'))",
     "m": "map('x', array(cast('y' as binary)))",
-    "st": "named_struct('n', 1L, 'inner', named_struct('s', 'z', 'ntz', timestamp_ntz'2024-01-01'))",
+    "st": "named_struct('n', 1L, 'in', named_struct('s', 'z', 'ntz', timestamp_ntz'2024-01-01'))",
 }
 _SETTINGS = [("UTC", "false"), ("America/New_York", "true")]
 

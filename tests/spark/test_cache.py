@@ -320,7 +320,8 @@ def test_a_task_waits_for_a_flush_no_longer_than_for_a_lock(tmp_path: Path) -> N
         assert time.monotonic() - began < 30
         gate.set()
         again = cache.acquire(spec, 0, 1)
-        assert again.reused and again.store is lease.store
+        assert again.reused
+        assert again.store is lease.store
         cache.release(again, ok=True)
     finally:
         gate.set()
