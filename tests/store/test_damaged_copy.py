@@ -10,6 +10,7 @@ import errno
 import logging
 import os
 import random
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -632,3 +633,52 @@ def test_an_sst_file_writer_file_is_checked_and_not_taken_for_damage(tmp_path: P
     _flip(table, table.stat().st_size // 3)
     assert damaged_tables([table]) == [table.name]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["files"]  # no scratch left
+
+
+def test_files_deleted_under_a_live_copy_are_rebuilt_and_snapshots_go_on(tmp_path: Path) -> None:
+    """Found this session: an age-based cleaner of temporary files (systemd-tmpfiles on
+    ``/tmp``, Spark's default local dir) deletes the files of a long-lived copy while its
+    store is open. RocksDB reads on through its open handles, but every checkpoint fails
+    (it hard-links the files): the snapshot was skipped, with an INFO line, at every
+    interval from then on, and the changelog chain grew without end. The copy is now taken
+    for damaged and rebuilt, and the next snapshot is taken."""
+    backend, copy = _committed(tmp_path)
+    backend.close()
+    config = sk.StoreConfig(local_dir=str(tmp_path / "local"), snapshot_every=10_000)
+    backend = sk.StateBackend(LocalBlobStore(str(tmp_path / "root")), config=config)
+    with backend, backend.open("op", 0) as store:
+        assert store.restore_info.base_kind == "local"
+        for path in copy.iterdir():
+            if path.is_file():
+                path.unlink()
+        store.put(b"new", b"v")
+        store.commit()  # version 3
+        store.snapshot_now()  # skipped: the checkpoint cannot link the deleted files
+        assert _snapshot_versions(backend) == []
+        assert store.get(b"new") == b"v"  # rebuilt from the root
+        assert len(_aside(copy)) == 1
+        assert (copy / "CURRENT").exists()
+        store.snapshot_now()
+        assert _snapshot_versions(backend) == [3]
+    with _backend(tmp_path / "root", tmp_path / "fresh").open("op", 0) as fresh:
+        assert (fresh.restore_info.base_kind, fresh.restore_info.base) == ("snapshot", 3)
+        assert (fresh.get(b"new"), fresh.get(b"k02999")) == (b"v", _value(2999))
+
+
+def test_a_copy_folder_deleted_under_a_live_store_is_rebuilt_by_its_flush(tmp_path: Path) -> None:
+    """The whole folder deleted: the idle flush (``StateStore.flush``) rebuilds the copy
+    instead of failing (before, it raised a disk error and left the rebuild to a reopen)."""
+    backend = _backend(tmp_path / "root", tmp_path / "local")
+    with backend, backend.open("op", 0) as store:
+        store.put(b"a", b"1")
+        store.commit()
+        copy = Path(backend.local_path("op", 0))
+        shutil.rmtree(copy)
+        store.put(b"b", b"2")
+        store.commit()
+        store.flush()
+        assert (copy / "CURRENT").exists()
+        assert (store.get(b"a"), store.get(b"b")) == (b"1", b"2")
+    with _backend(tmp_path / "root", tmp_path / "local").open("op", 0) as store:
+        assert store.restore_info.base_kind == "local"
+        assert (store.get(b"a"), store.get(b"b")) == (b"1", b"2")

@@ -91,9 +91,11 @@ def read_failure(path: str, cause: BaseException) -> StateKeeperError:
 def write_failure(path: str, action: str, cause: BaseException) -> StateKeeperError:
     """What a failed write, flush or checkpoint of the copy at ``path`` means: damage, if
     RocksDB reports corruption (a flush or compaction met a block whose checksum fails; from
-    then on RocksDB fails every write of the copy, so only a rebuild gets past it); else a
-    problem of the disk, with a note on its free space. ``action`` says what failed."""
-    if _is_corruption(cause):
+    then on RocksDB fails every write of the copy, so only a rebuild gets past it) or a
+    file or folder of the copy missing (deleted under the open database, by a cleaner of
+    temporary files, say: its checkpoints fail for good); else a problem of the disk, with
+    a note on its free space. ``action`` says what failed."""
+    if _is_corruption(cause) or _missing(cause):
         return DamagedCopyError(path, cause)
     return StateKeeperError(f"{action}: {cause}; {disk_note(path)}")
 
@@ -102,6 +104,13 @@ def _is_corruption(cause: BaseException) -> bool:
     # RocksDB's Status::Corruption reads "Corruption: ..." (rocksdict raises a bare
     # Exception with that text); a background error it made sticky keeps the prefix.
     return "Corruption:" in str(cause)
+
+
+def _missing(cause: BaseException) -> bool:
+    if isinstance(cause, OSError) and cause.errno == errno.ENOENT:
+        return True
+    # RocksDB reports an IO error whose text holds strerror(ENOENT).
+    return os.strerror(errno.ENOENT) in str(cause)
 
 
 def _denied(cause: BaseException) -> bool:

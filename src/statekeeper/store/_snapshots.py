@@ -140,6 +140,15 @@ class SnapshotJob:
                 try:
                     checkpoint = self.copy.checkpoint(str(path), dirty_ok=not self.register)
                     self._checkpoint = (path, *checkpoint)
+                except DamagedCopyError as exc:
+                    # Every later checkpoint of this copy would fail too (files of it were
+                    # deleted, say): without a rebuild no snapshot is ever taken again.
+                    release_checkpoint(path)
+                    self.copy.report_damage(exc)
+                    _log.warning(
+                        "snapshot of %s/%s skipped, the copy is rebuilt: %s",
+                        self.operator, self.partition, exc,
+                    )  # fmt: skip
                 except StateKeeperError as exc:
                     release_checkpoint(path)
                     _log.info("snapshot of %s/%s skipped: %s", self.operator, self.partition, exc)
