@@ -859,6 +859,44 @@ def test_copies_unused_for_the_ttl_are_deleted_but_held_ones_are_not(
     assert cache.sweep_local_copies(now=later) == [path[1]]  # released by the other process
 
 
+def test_the_lock_file_of_a_store_held_for_days_is_kept_fresh_for_age_based_cleaners(
+    cache: StoreCache, spec: StoreSpec
+) -> None:
+    """A store in steady use stays open (and its lock file untouched) for days; an
+    age-based cleaner of ``/tmp`` (Spark's default local dir) would delete that file and
+    let another process lock the copy under this one. The janitor's sweep refreshes it."""
+    _commit(cache, spec, 0, 0)
+    lock = StoreLock(cache.backend(spec).local_path("op", 0)).path
+    old = time.time() - 30 * 86400
+    os.utime(lock, (old, old))
+    assert cache.keep_locks() == []
+    assert time.time() - os.stat(lock).st_mtime < 60
+
+
+@pytest.mark.parametrize("found_by", ["sweep", "task"])
+def test_a_store_whose_lock_file_was_deleted_is_closed_and_reopened_under_a_new_one(
+    cache: StoreCache, spec: StoreSpec, found_by: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lock file of an idle store deleted (a cleaner of temporary files): another
+    process could take a lock of that name and open the copy under this one. The store is
+    closed when the janitor's sweep or the next task finds it, and the next task opens the
+    copy again under a lock that guards it."""
+    _commit(cache, spec, 0, 0)
+    path = cache.backend(spec).local_path("op", 0)
+    os.unlink(StoreLock(path).path)
+    if found_by == "sweep":
+        assert cache.keep_locks() == [StoreLock(path).path]
+        assert cache.open_keys() == []
+    lease = cache.acquire(spec, 0, 1)
+    assert not lease.reused
+    assert lease.restore is not None
+    assert lease.restore.base_kind == "local"
+    assert lease.store.get(b"k") == b"0"
+    assert not StoreLock(path).try_acquire()  # guarded again
+    cache.release(lease, ok=True)
+    assert "was deleted or replaced" in caplog.text
+
+
 def test_copies_set_aside_as_damaged_are_deleted_after_the_ttl(
     cache: StoreCache, tmp_path: Path
 ) -> None:

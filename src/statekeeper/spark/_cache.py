@@ -37,7 +37,11 @@ A janitor thread per worker bounds what the worker holds (issue 12):
 * before a task opens a store, while the process holds over 70% of its open-file limit (a
   store holds about 7 handles plus its SST files), the least recently used quarter of the
   idle stores is closed first, and the first store raises the soft limit to the hard one;
-* every ``_SWEEP_EVERY_S`` it deletes the working copies of the roots this worker serves
+* every ``_SWEEP_EVERY_S`` it refreshes the lock files of the stores held (an age-based
+  cleaner of temporary files would delete the lock of a store open for days, and another
+  process could then lock its copy under it) and closes an idle store whose lock file is
+  gone anyway (a task finds that too, and opens the copy again under a new lock); and it
+  deletes the working copies of the roots this worker serves
   that no task has used for ``StoreConfig.local_copy_ttl_s`` (partitions that moved to
   another executor), never one that a process holds: the sweep takes the copy's
   :class:`StoreLock` without waiting, and the store layer checks RocksDB's own lock.
@@ -361,6 +365,7 @@ class StoreCache:
         ttl = backend.config.local_copy_ttl_s
         deadline = time.monotonic() + spec.lock_timeout_s
         while True:
+            lost = None
             with self._mutex:
                 self._roots[root_folder] = min(ttl, self._roots.get(root_folder, ttl))
                 entry = self._entries.get(key)
@@ -371,8 +376,14 @@ class StoreCache:
                             f"store {spec.operator}/{partition} is already in use by another "
                             "task in this process"
                         )
-                    entry.busy = True
-                    return entry
+                    if entry.lock.keep():
+                        entry.busy = True
+                        return entry
+                    lost = entry
+                    del self._entries[key]
+            if lost is not None:
+                _close_lost(lost)  # and open it again below, under a lock that guards it
+                break
             if flushing is None:
                 break
             # The idle store is being flushed: milliseconds, unless the flush met damage and
@@ -564,6 +575,7 @@ class StoreCache:
                     folders, due = self._close_doomed(now, look)
                 if time.monotonic() - last_sweep >= _SWEEP_EVERY_S:
                     last_sweep = time.monotonic()
+                    self.keep_locks()
                     try:
                         self.sweep_local_copies()
                     except (StateKeeperError, OSError):
@@ -621,6 +633,20 @@ class StoreCache:
         if over:
             _log.debug("closing %s idle stores beyond max_open_stores=%s", len(over), budget)
         return {os.path.dirname(e.path) for e in kept}, due
+
+    def keep_locks(self) -> list[str]:
+        """Refresh the lock files of every store held (:meth:`StoreLock.keep`: an age-based
+        cleaner of temporary files would otherwise delete the lock of a store that stays
+        open for days), and close the idle stores whose lock file is gone or replaced; a
+        busy one is closed when its task next asks for it. Returns the lock files lost."""
+        with self._mutex:
+            lost = [e for e in self._entries.values() if not e.lock.keep()]
+            idle = [e for e in lost if not e.busy]
+            for entry in idle:
+                del self._entries[entry.key]
+        for entry in idle:
+            _close_lost(entry)
+        return [e.lock.path for e in lost]
 
     def sweep_local_copies(self, now: float | None = None) -> list[str]:
         """Delete the working copies of the roots this worker served that no task has used
@@ -914,6 +940,20 @@ def _shutdown(entry: _Entry) -> None:
             entry.backend.wait_for_snapshots(operator, partition)
         finally:
             entry.lock.release()
+
+
+def _close_lost(entry: _Entry) -> None:
+    """Close an idle store whose lock file was deleted or replaced (:meth:`StoreLock.keep`):
+    another process could lock and open its copy meanwhile. A store idle past its flush has
+    nothing left to write, so its close writes nothing into the folder either."""
+    _log.warning(
+        "the lock file %s of a working copy this process holds open was deleted or replaced "
+        "(by a cleaner of temporary files?): the store is closed and the copy opened again "
+        "under a new lock; keep working copies out of such a cleaner's reach "
+        "(docs/operations.md)",
+        entry.lock.path,
+    )
+    _shutdown_logged(entry)
 
 
 def _shutdown_logged(entry: _Entry) -> None:

@@ -141,6 +141,22 @@ class StoreLock:
         self._fd, self._used = fd, False
         return True
 
+    def keep(self) -> bool:
+        """While held: refresh the lock file's time, so that an age-based cleaner of
+        temporary files leaves it alone, and tell whether the lock still guards the copy:
+        False once the file was deleted or replaced (then another process can take a lock
+        of the same name while this one holds it). True if not held."""
+        fd = self._fd
+        if fd is None:
+            return True
+        with contextlib.suppress(OSError):  # a read-only file system: only the cleaner's clock
+            os.utime(fd)
+        try:
+            named, held = os.stat(self.path), os.fstat(fd)
+        except OSError:
+            return False
+        return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
     def requested(self) -> bool:
         """True if another process asked for the lock since it was last taken."""
         return os.path.exists(self.request_path)
