@@ -19,7 +19,9 @@ The lock is ``fcntl.flock`` on ``<working copy>.lock``; lock files are never del
 deleted lock file lets two processes lock two different inodes). Releasing the lock after
 using the copy sets the lock file's modification time: when the copy was last used, which
 the janitor's local-copy sweep reads (:meth:`StoreLock.try_acquire` takes the lock without
-marking a use).
+marking a use). While a lock is held, the janitor refreshes that time every minute
+(:meth:`StoreLock.keep`), so that an age-based cleaner of temporary files leaves the file of
+a store open for days alone, and learns if it was deleted all the same.
 
 Why not the ``filelock`` package (reviewed for issue 13): its ``UnixFileLock`` is the same
 ``flock`` call with polling, so it would replace about twenty lines; what this module adds is
