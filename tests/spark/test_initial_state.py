@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from statekeeper import StoreConfig
 from statekeeper.spark import StatefulProcessor, read_state, transform_with_state
@@ -169,3 +170,38 @@ def test_bad_initial_state_is_refused_before_any_state(spark: SparkSession, tmp_
     with pytest.raises(ValueError, match="does not define handle_initial_state"):
         _query(spark, tmp_path, NoHook(), good)
     assert not (tmp_path / "root").exists()
+
+
+def test_an_initial_state_is_applied_when_batch_0_ran_no_task_of_the_operator(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Found by review: the operator's output unioned with a second stream that alone had
+    data in micro-batch 0, so Spark ran no task of the operator there. Every later batch
+    refused the gap after version 0 (the initial state would be lost), and the query could
+    never run again. The operator's first task now applies the initial state as batch 0."""
+    initial = spark.createDataFrame([("a", 10), ("b", 5), ("a", 1)], "k string, v long")
+    (tmp_path / "other").mkdir()
+    other = (
+        spark.readStream.schema("k string").json(str(tmp_path / "other"))
+        .select("k", F.lit(-1).cast("long").alias("n"), F.lit(-1).cast("long").alias("seed"))
+    )  # fmt: skip
+    out = _query(spark, tmp_path, PandasSeeded(), initial).unionByName(other)
+    query = (
+        out.writeStream.format("parquet")
+        .option("path", str(tmp_path / "sink"))
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="1 second")
+        .start()
+    )
+    try:
+        _write(tmp_path / "other", 0, ["x"])
+        query.processAllAvailable()
+        _write(tmp_path / "in", 0, ["a", "c"])
+        query.processAllAvailable()
+        assert query.exception() is None
+    finally:
+        query.stop()
+    assert [p["batchId"] for p in query.recentProgress] == [0, 1]
+    assert _out(spark, tmp_path / "sink") == {("x", -1, -1), ("a", 1, 11), ("c", 1, 0)}
+    assert _state(spark, tmp_path / "root", 1) == {"a": (0, 11), "b": (0, 5)}
+    assert _state(spark, tmp_path / "root", 2) == {"a": (1, 11), "b": (0, 5), "c": (1, 0)}

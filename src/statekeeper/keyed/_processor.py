@@ -118,7 +118,9 @@ class StatefulProcessor(abc.ABC):
         After Spark's ``handleInitialState``: called only in the operator's first
         micro-batch (batch 0, which loads the empty version 0; a restart of the query at a
         later batch does not call it again, and a re-run of batch 0 starts again from the
-        empty state, so the committed state holds its effect once). It is called for every
+        empty state, so the committed state holds its effect once). When Spark ran no task
+        of the operator in batch 0 (its input was empty there), the operator's first task
+        that runs applies it, as batch 0, before its own batch. It is called for every
         key of the initial rows, in key order, before any ``handle_input_rows`` of that
         batch, whether or not the key has input. It emits no rows (return ``None``); state
         and timers of ``key`` may be used as in ``handle_input_rows``.

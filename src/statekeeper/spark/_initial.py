@@ -7,7 +7,8 @@ public), so the initial rows are tagged with their key group, routed by ``repart
 exactly like the input, and each partition's rows are **staged** in the checkpoint root as
 one Arrow IPC blob (:func:`stage_task`, create-only, named per attempt). The driver passes
 the names and CRC32C checksums to the tasks, and a task of micro-batch 0 reads its
-partition's blob (:func:`initial_rows`), checked, on every attempt of that batch. Once
+partition's blob (:func:`initial_rows`), checked, on every attempt of that batch (or the
+operator's first task, for a batch 0 that ran no task of it: ``_tasks._acquire``). Once
 batch 1 is committed in every partition, batch 0 can no longer run: a later definition of
 the query skips the job and deletes what earlier runs staged (:func:`stage_for_batch_zero`).
 """

@@ -14,9 +14,10 @@ handover from another Python worker overlaps the reading.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,10 +143,13 @@ def _commit(store: StateStore, spec: TaskSpec, ctx: TaskIdentity) -> CommitInfo:
         ) from exc
 
 
-def _acquire(spec: TaskSpec, ctx: TaskIdentity) -> Lease:
+def _acquire(
+    spec: TaskSpec, ctx: TaskIdentity, batch_zero: Callable[[Lease], None] | None = None
+) -> Lease:
     """The partition's store at version ``b`` (the micro-batch id), after committing an
     empty version for each earlier micro-batch of this query that ran no task of the
-    operator.
+    operator; micro-batch 0 among them runs ``batch_zero`` on the store first (a keyed
+    task applies its initial state there).
 
     Spark drops the operator's stage from a micro-batch whose input to it is empty: the
     optimizer replaces an input with no new data by an empty relation, and adaptive
@@ -156,12 +160,14 @@ def _acquire(spec: TaskSpec, ctx: TaskIdentity) -> Lease:
     the next batch that runs, as after no-data batches), so the versions it would have
     committed are committed empty here, each owned by this query. A gap after a version of
     another query, or of none (the store API), is refused as before: the query's
-    checkpointLocation and the state root disagree. So is a gap after version 0 while an
-    initial state waits for micro-batch 0 (it would be lost), and one a newer manifest that
-    failed its checks may cover (the version would replace the one it names). Any other
-    gap after version 0 is filled: nothing tells a query whose first micro-batches had no
-    input from an old checkpointLocation pointed at a new, empty root, which therefore
-    starts from empty state (the WARNING says so) instead of failing.
+    checkpointLocation and the state root disagree. So is one a newer manifest that failed
+    its checks may cover (the version would replace the one it names). A gap after version
+    0 is filled: nothing tells a query whose first micro-batches had no input (or an
+    operator added to a running query) from an old checkpointLocation pointed at a new,
+    empty root, which therefore starts from empty state (the WARNING says so) instead of
+    failing. An initial state is applied in that filled micro-batch 0, as Spark applies it
+    in batch 0 whether or not the operator has input there (before, the gap was refused,
+    and the query could never run again).
 
     Raises:
         StateNotFoundError: version ``b`` is missing, and not for skipped micro-batches.
@@ -173,16 +179,24 @@ def _acquire(spec: TaskSpec, ctx: TaskIdentity) -> Lease:
         newest = _skipped_since(spec, ctx)
         if newest is None:
             raise
+    if newest == 0 and spec.initial is not None and batch_zero is None:
+        raise StateKeeperError(
+            f"operator {spec.store.operator!r} partition {ctx.partition}: micro-batch "
+            f"{ctx.batch_id} is its first to run, and this form cannot apply an initial state"
+        )
     lease = CACHE.acquire(spec.store, ctx.partition, newest, spec.generation)
     try:
         _log.warning(
             "operator %r partition %s: micro-batches %s..%s of query %s ran no task of the "
-            "operator (Spark skips it when its input is empty): committing them empty (were "
-            "they run against another state root, this one starts from its version %s)",
+            "operator (Spark skips it when its input is empty): committing them empty%s "
+            "(were they run against another state root, this one starts from its version %s)",
             spec.store.operator, ctx.partition, newest, ctx.batch_id - 1, ctx.query_id,
+            ", micro-batch 0 with the initial state" if newest == 0 and spec.initial else "",
             newest,
         )  # fmt: skip
         for batch_id in range(newest, ctx.batch_id):
+            if batch_id == 0 and batch_zero is not None:
+                batch_zero(lease)
             _commit(lease.store, spec, dataclasses.replace(ctx, batch_id=batch_id))
     except BaseException:
         CACHE.release(lease, ok=False)
@@ -206,7 +220,7 @@ def _skipped_since(spec: TaskSpec, ctx: TaskIdentity) -> int | None:
         # empty would replace a micro-batch's state with its predecessor's.
         return None
     if newest == 0:
-        return None if spec.initial is not None else 0
+        return 0
     entry = None if history.manifest is None else history.manifest.entry(newest)
     return newest if entry is not None and entry.owner == ctx.query_id else None
 
@@ -238,12 +252,17 @@ def rows_task(spec: TaskSpec, processor: StatefulProcessor, batches: Any) -> Ite
             if top is not None:
                 beats.append(top)
         ctx = _identity(spec, task_input.partition)
-        lease = _acquire(spec, ctx)
+        stats = RunStats()
+        late: list[Any] = []
+        batch_zero = functools.partial(
+            _late_batch_zero, spec, processor, ctx, task_input.now_ms, stats, late
+        )
+        lease = _acquire(spec, ctx, batch_zero if spec.initial is not None else None)
     except BaseException:
         source.close()
         raise
-    stats = RunStats()
     try:
+        yield from late
         blobs = lease.entry.backend.blobs
         initial = initial_rows(blobs, spec.initial, ctx.partition, ctx.batch_id)
         yield from run_processor(
@@ -261,6 +280,37 @@ def rows_task(spec: TaskSpec, processor: StatefulProcessor, batches: Any) -> Ite
         source.close()
     CACHE.release(lease, ok=True)
     report_task(lease, info, stats, ctx, time.perf_counter() - started)
+
+
+def _late_batch_zero(
+    spec: TaskSpec,
+    processor: StatefulProcessor,
+    ctx: TaskIdentity,
+    now_ms: int | None,
+    stats: RunStats,
+    output: list[Any],
+    lease: Lease,
+) -> None:
+    """Micro-batch 0 of a keyed operator that ran no task then (:func:`_acquire`), run in
+    the operator's first task: the initial state applied to the empty version 0, and the
+    timers it made due fired, with no input; their output goes to ``output``, which the
+    task yields before its own. It runs in a partition without initial rows too, as batch 0
+    would have (the operator record it writes is in every partition's version 1)."""
+    initial = initial_rows(lease.entry.backend.blobs, spec.initial, ctx.partition, 0)
+    empty = KeyedInput(
+        grouped=spec.key_groups is not None, spill_dir=spill_dir(),
+        event_time_column=spec.time.event_time_column,
+    )  # fmt: skip
+    try:
+        run = run_processor(
+            lease.store, processor, empty, keys=spec.keys, output_schema=spec.output_schema,
+            operator=spec.store.operator, batch_id=0, partition=ctx.partition, now_ms=now_ms,
+            key_schema=spec.key_schema, stats=stats, key_groups=spec.key_groups,
+            time=spec.time, batch=BatchTime(batch_max_event_ms=None), initial=initial,
+        )  # fmt: skip
+        output.extend(run)
+    finally:
+        empty.close()
 
 
 def arrow_task(spec: TaskSpec, fn: ArrowFunction, batches: Any) -> Iterator[Any]:
