@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from statekeeper import StateKeeperError
+from statekeeper import ConfigMismatchError, StateKeeperError
 from statekeeper.keyed import (
     ExpiredTimerInfo,
     StatefulProcessor,
@@ -343,3 +343,49 @@ def test_the_index_floor_is_trusted_only_in_the_version_whose_commit_wrote_it(
         store.put(GROUPED_TIMER_INDEX + U64.pack(12) + g + c, b"")
         store.commit()
         assert Timers(store, grouped=True).due(30) == [(15, g, a), (16, g, b), (30, g, c)]
+
+
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [("event_time", "processing_time"), ("processing_time", "event_time"),
+     ("processing_time", None)],
+)  # fmt: skip
+def test_another_time_mode_on_a_restart_is_refused(
+    tmp_path: Path, first: str, then: str | None
+) -> None:
+    """Found by review: the time mode was recorded nowhere, so a restart with another one
+    read the stored timers on the other clock (event-time timers an hour ahead fired at once
+    on the processing clock); Spark refuses the change. No time mode before is no timers."""
+
+    def tester(mode: str | None) -> ProcessorTester:
+        event = mode == "event_time"
+        return ProcessorTester(
+            Session("event" if event else "processing"), keys="k", output_schema=OUT,
+            time_mode=mode, event_time_column="ts" if event else None, directory=tmp_path,
+        )  # fmt: skip
+
+    with tester(first) as t:
+        t.processing_time_ms = 1_000
+        t.run([{"k": "a", "ts": _ts(3_600_000)}])
+    with tester(then) as t:
+        t.processing_time_ms = 10_000_000
+        with pytest.raises(ConfigMismatchError, match=f"time_mode='{first}'"):
+            t.run([{"k": "b", "ts": _ts(1)}])
+    with tester(first) as t:  # the recorded mode still runs
+        t.processing_time_ms = 2_000
+        assert {"k": "c", "n": 1, "what": "in"} in t.run([{"k": "c", "ts": _ts(3_600_001)}])
+
+
+def test_a_time_mode_given_to_an_operator_that_had_none_is_taken(tmp_path: Path) -> None:
+    class Counts(Session):
+        def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+            n = (self.n.get() or 0) + len(rows)
+            self.n.update(n)
+            yield (key[0], n, "in")
+
+    for mode in (None, "processing_time"):
+        tester = ProcessorTester(
+            Counts(), keys="k", output_schema=OUT, time_mode=mode, directory=tmp_path
+        )
+        with tester as t:
+            assert t.run([{"k": "a"}])[0]["n"] == (1 if mode is None else 2)

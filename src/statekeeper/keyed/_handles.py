@@ -43,6 +43,7 @@ from statekeeper.keyed._layout import (
     StateDecl,
     check_key_groups,
     check_keys,
+    check_time_mode,
     group_prefix,
     validate_key_groups,
     validate_state_name,
@@ -488,8 +489,11 @@ class StatefulProcessorHandle:
             record = stored
             check_keys(record, tuple(keys), operator)
             check_key_groups(record, self._key_groups, operator, self._partition)
+            check_time_mode(record, self._time_mode, operator)
             if key_schema is not None:
                 record = dataclasses.replace(record, key_schema=key_schema)
+        if self._time_mode is not None:
+            record = dataclasses.replace(record, time_mode=self._time_mode)
         data = record.merged(self.declared()).to_bytes()
         if data != raw:
             self._store.put(META_KEY, data)

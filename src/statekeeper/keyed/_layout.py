@@ -82,6 +82,7 @@ schema, its schema version first: see ``_schema``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import struct
@@ -161,6 +162,7 @@ declares a schema) records ``schemas``, whose values earlier readers cannot deco
 _STATE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 KINDS = ("value", "map", "list")
 _PT = "processing_time"
+_TIME_MODES = (_PT, "event_time")
 
 
 def validate_state_name(name: object) -> str:
@@ -303,6 +305,10 @@ class OperatorRecord:
     key_groups: int | None = None
     """The operator's key groups: every data key starts with its key group. ``None``: an
     operator of statekeeper 0.1, whose keys carry none."""
+    time_mode: str | None = None
+    """The time mode its timers were registered under (``"processing_time"`` or
+    ``"event_time"``); ``None``: none recorded (no time mode, or a record written before
+    releases recorded it)."""
 
     def to_bytes(self) -> bytes:
         """The stored JSON document."""
@@ -315,6 +321,8 @@ class OperatorRecord:
         }
         if self.key_groups is not None:
             doc["keyGroups"] = self.key_groups
+        if self.time_mode is not None:
+            doc["timeMode"] = self.time_mode
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
     def _format_version(self) -> int:
@@ -353,7 +361,10 @@ class OperatorRecord:
             }
             groups = doc.get("keyGroups")
             groups = None if groups is None else validate_key_groups(groups)
-            return cls(tuple(doc["keys"]), doc.get("keySchema"), states, groups)
+            mode = doc.get("timeMode")
+            if mode not in (None, *_TIME_MODES):
+                raise ValueError(f"timeMode {mode!r} is none of {list(_TIME_MODES)}")
+            return cls(tuple(doc["keys"]), doc.get("keySchema"), states, groups, mode)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptStateError(f"the operator record is not valid: {exc}") from exc
 
@@ -372,7 +383,25 @@ class OperatorRecord:
                     f"processor now declares it a {decl.kind} state: use another state name"
                 )
             states[name] = decl
-        return OperatorRecord(self.keys, self.key_schema, states, self.key_groups)
+        return dataclasses.replace(self, states=states)
+
+
+def check_time_mode(record: OperatorRecord, time_mode: str | None, operator: str) -> None:
+    """Refuse a time mode other than the one the store's timers were registered under
+    (Spark refuses any change of an operator's time mode too).
+
+    Raises:
+        ConfigMismatchError: the record names a time mode, and ``time_mode`` is another.
+    """
+    if record.time_mode is None or record.time_mode == time_mode:
+        return
+    raise ConfigMismatchError(
+        f"operator {operator!r} ran with time_mode={record.time_mode!r} in this checkpoint "
+        f"root, but now runs with time_mode={time_mode!r}: its timers and clocks were "
+        "recorded for the first and would fire at the wrong times (Spark refuses this "
+        f"change too). Run it with time_mode={record.time_mode!r}, or give the operator "
+        "another name (or state root) to start from empty state"
+    )
 
 
 def check_keys(record: OperatorRecord, keys: tuple[str, ...], operator: str) -> None:
