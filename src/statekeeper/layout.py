@@ -363,6 +363,14 @@ def initial_state_key(operator: str, generation: int, partition: int, attempt: s
     return f"{head}{validate_partition(partition):06d}-{validate_attempt(attempt)}.arrow"
 
 
+def initial_state_generation(operator: str, key: str) -> int | None:
+    """The run that staged ``key`` (:func:`initial_state_key`); ``None`` if not such a key."""
+    head, _, rest = key.removeprefix(initial_state_prefix(operator)).partition("/")
+    if not rest or len(head) != _DIGITS or not head.isdigit():
+        return None
+    return int(head)
+
+
 def clock_prefix() -> str:
     """Prefix of the probe blobs GC writes to read the blob store's clock."""
     return _CLOCK

@@ -205,3 +205,22 @@ def test_an_initial_state_is_applied_when_batch_0_ran_no_task_of_the_operator(
     assert _out(spark, tmp_path / "sink") == {("x", -1, -1), ("a", 1, 11), ("c", 1, 0)}
     assert _state(spark, tmp_path / "root", 1) == {"a": (0, 11), "b": (0, 5)}
     assert _state(spark, tmp_path / "root", 2) == {"a": (1, 11), "b": (0, 5), "c": (1, 0)}
+
+
+def test_a_query_defined_twice_starts_from_its_first_definition(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Found by review: each definition staged its initial state after deleting every
+    earlier one's, so a query defined again (a notebook cell run twice, a definition for
+    ``explain``) and started from its first DataFrame failed batch 0 on a missing blob."""
+    initial = spark.createDataFrame([("a", 10), ("b", 5)], "k string, v long")
+    first = _query(spark, tmp_path, PandasSeeded(), initial)
+    _query(spark, tmp_path, PandasSeeded(), initial)
+    _write(tmp_path / "in", 0, ["a"])
+    run_to_end(first, tmp_path / "sink", tmp_path / "cp")
+    assert _out(spark, tmp_path / "sink") == {("a", 1, 10)}
+    # Staged rows of the two newest definitions are kept, older ones deleted
+    _query(spark, tmp_path, PandasSeeded(), initial)
+    staged = tmp_path / "root" / "_initial" / "ops"
+    kept = sorted(p.name for p in staged.iterdir() if any(p.iterdir()))
+    assert [int(g) for g in kept] == [2, 3]

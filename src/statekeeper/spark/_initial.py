@@ -26,7 +26,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql import DataFrame
 
 from statekeeper import layout
-from statekeeper.errors import CorruptStateError, StateKeeperError
+from statekeeper.errors import CorruptStateError, StateKeeperError, StateNotFoundError
 from statekeeper.keyed import StatefulProcessor, handles_initial_state
 from statekeeper.spark._cache import StoreSpec
 from statekeeper.spark._partition import (
@@ -135,7 +135,17 @@ def initial_rows(
     if staged is None or batch_id != 0:
         return None
     mine = [s for s in staged if s.partition == partition]
-    return read_staged(blobs, mine[0]) if mine else None
+    if not mine:
+        return None
+    try:
+        return read_staged(blobs, mine[0])
+    except StateNotFoundError as exc:
+        raise StateNotFoundError(
+            f"the initial state staged for this definition of the query is gone ({exc}): "
+            "two or more later transform_with_state calls for the same operator staged "
+            "theirs since, and the root keeps the newest two. Start the query from the "
+            "DataFrame of its newest definition"
+        ) from exc
 
 
 STAGED_SCHEMA = "partition int, blob string, crc long, rows long"
@@ -230,7 +240,9 @@ def stage_initial(
     schema: Any,
 ) -> tuple[Staged, ...]:
     """Stage ``initial``'s rows per state partition in the root (a Spark batch job, see the
-    module docstring), after deleting what earlier runs staged; returns what tasks read.
+    module docstring), after deleting what runs before the previous one staged; returns
+    what tasks read. The previous run's stay: a query defined twice (a notebook cell run
+    again, a definition for ``explain``) may still be started from the first DataFrame.
 
     Raises:
         StateKeeperError: the job returned two blobs for one partition.
@@ -240,7 +252,11 @@ def stage_initial(
         raise StateKeeperError("an initial state needs an operator with key groups")
     blobs = open_blob_store(store.root, dict(store.storage_options))
     try:
-        old = [m.key for m in blobs.list(layout.initial_state_prefix(store.operator))]
+        prefix = layout.initial_state_prefix(store.operator)
+        old = [
+            m.key for m in blobs.list(prefix)
+            if (layout.initial_state_generation(store.operator, m.key) or 0) < generation - 1
+        ]  # fmt: skip
         blobs.delete_many(old)
     finally:
         blobs.close()
