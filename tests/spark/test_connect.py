@@ -22,6 +22,7 @@ from statekeeper.spark import (
     batch_metrics,
     decode_key,
     read_state,
+    remove_state_listener,
     state_listener,
     transform_with_state,
     transform_with_state_arrow,
@@ -158,14 +159,15 @@ def test_a_client_that_opts_in_to_the_listener_writes_epoch_manifests(
         report = repartition(root, "counts", partitions=2, work_dir=str(tmp_path / "work"))
         assert report.version == 2
     finally:
-        spark.streams.removeListener(listener)
+        assert remove_state_listener(spark)
+    assert state_listener(spark) is not listener  # a new one, followed by Connect again
     spark.stop()
     later = clients()
     try:  # a stopped session's listener is let go (its session, pool and blob stores)
         assert state_listener(later) is not listener
         assert listener_of(spark) is None
     finally:
-        later.streams.removeListener(state_listener(later))
+        assert remove_state_listener(later)
 
 
 def test_the_vectorized_form_runs_through_connect(

@@ -1,5 +1,5 @@
-"""The epoch listener's bookkeeping, without a query: its work runs on one background
-thread, and ``flush`` must wait for all of it whoever else flushed."""
+"""The epoch listener's bookkeeping, without a query (its work runs on one background
+thread, and ``flush`` must wait for all of it whoever else flushed), and its removal."""
 
 from __future__ import annotations
 
@@ -7,10 +7,20 @@ import threading
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
 
+from statekeeper import StoreConfig
+from statekeeper.spark import (
+    latest_manifest,
+    remove_state_listener,
+    state_listener,
+    transform_with_state_arrow,
+)
 from statekeeper.spark._listener import StateListener
 from statekeeper.storage import BlobMeta, LocalBlobStore
 from tests.blobstores import RecordingBlobStore
+from tests.spark.helpers import OUTPUT_SCHEMA, make_input, read_stream, run_to_end, write_files
+from tests.spark.processors import arrow_count_sum
 
 
 class _GatedStore(RecordingBlobStore):
@@ -46,3 +56,30 @@ def test_a_flush_after_another_one_timed_out_still_waits_for_the_same_work(
     finally:
         blobs.gate.set()
         listener.close()
+
+
+@pytest.mark.spark
+def test_a_removed_listener_is_replaced_by_the_next_operator(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Found by review: after ``spark.streams.removeListener`` (the way the docs gave to let
+    a Connect client exit) the session kept handing out the removed listener, which got no
+    events: no metrics, no epoch manifests. ``remove_state_listener`` lets it go, and the
+    next operator gets a listener that follows its query."""
+    removed = state_listener(spark)
+    assert remove_state_listener(spark)
+    assert not remove_state_listener(spark)
+    root = str(tmp_path / "state")
+    write_files(tmp_path / "in", make_input(seed=5, files=1, rows=20, keys=5))
+    out = transform_with_state_arrow(
+        read_stream(spark, tmp_path / "in"), ["k"], arrow_count_sum, OUTPUT_SCHEMA, root,
+        "vector", 2, config=StoreConfig(local_dir=str(tmp_path / "local")),
+    )  # fmt: skip
+    query = run_to_end(out, tmp_path / "out", tmp_path / "ck")
+    listener = state_listener(spark)
+    assert listener is not removed
+    assert listener.wait_for(str(query.id), 0)[0].rows_in == 20
+    listener.flush()
+    manifest = latest_manifest(LocalBlobStore(root), "vector")
+    assert manifest is not None
+    assert manifest.epoch == 0

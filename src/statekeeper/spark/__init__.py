@@ -56,7 +56,7 @@ from statekeeper.keyed.output import OutputSchemaError
 from statekeeper.reports import TaskReport
 from statekeeper.spark._change_feed import read_state_changes
 from statekeeper.spark._filelock import StoreBusyError
-from statekeeper.spark._listener import StateListener, state_listener
+from statekeeper.spark._listener import StateListener, remove_state_listener, state_listener
 from statekeeper.spark._metrics import BatchMetrics, batch_metrics
 from statekeeper.spark._partition import KEY_GROUP_COLUMN
 from statekeeper.spark._read import read_state
@@ -90,6 +90,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/spark/test_api.py holds i
     "read_manifest",
     "read_state",
     "read_state_changes",
+    "remove_state_listener",
     "state_listener",
     "transform_with_state",
     "transform_with_state_arrow",

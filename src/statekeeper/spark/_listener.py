@@ -30,7 +30,13 @@ from statekeeper.spark._metrics import BatchMetrics, aggregate
 from statekeeper.storage import BlobStore
 from statekeeper.store import StateBackend
 
-__all__ = ["StateListener", "listener_of", "register_operator", "state_listener"]
+__all__ = [
+    "StateListener",
+    "listener_of",
+    "register_operator",
+    "remove_state_listener",
+    "state_listener",
+]
 
 _log = logging.getLogger("statekeeper.spark")
 _HISTORY = 1000
@@ -230,8 +236,12 @@ def state_listener(spark: Any) -> StateListener:
     manifests that tell ``read_state`` and ``statekeeper repartition`` which micro-batch a
     query finished (without them the newest version every partition has is read, and a
     repartition may ask which version to use). Spark Connect's listener thread keeps the
-    client process alive until ``spark.streams.removeListener(listener)`` or
-    ``spark.stop()``. Without it, read metrics with :func:`batch_metrics`.
+    client process alive until :func:`remove_state_listener` or ``spark.stop()``. Without
+    it, read metrics with :func:`batch_metrics`.
+
+    A listener taken off with ``spark.streams.removeListener`` instead stays this session's
+    statekeeper listener, and gets no more events: use :func:`remove_state_listener`, after
+    which this call adds a new one.
     """
     with _listeners_lock:
         for key, (session, old) in list(_listeners.items()):
@@ -245,6 +255,23 @@ def state_listener(spark: Any) -> StateListener:
         spark.streams.addListener(listener)
         _listeners[id(spark)] = (spark, listener)
         return listener
+
+
+def remove_state_listener(spark: Any) -> bool:
+    """Take ``spark``'s statekeeper listener off ``spark.streams`` and let it go (its blob
+    stores and thread), so that a Spark Connect client can exit, and the next
+    :func:`state_listener` (or a classic session's next operator) adds a new one. Returns
+    False if the session had none."""
+    with _listeners_lock:
+        found = _listeners.get(id(spark))
+        if found is None or found[0] is not spark:
+            return False
+        del _listeners[id(spark)]
+    try:
+        spark.streams.removeListener(found[1])
+    finally:
+        found[1].close()
+    return True
 
 
 def _stopped(session: Any, current: Any) -> bool:
