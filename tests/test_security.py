@@ -50,6 +50,18 @@ def test_credentials_never_leak(
                 uri,
                 storage_options={**options, "endpoint": f"http://127.0.0.1:{_closed_port()}"},
             ),
+            # Found by review: a password in a URL option was in the error and every retry
+            # warning (an endpoint or proxy with user:password@)
+            lambda: sk.StateBackend(
+                uri,
+                storage_options={
+                    **options,
+                    "endpoint": f"http://user:{SECRET}@127.0.0.1:{_closed_port()}",
+                },
+            ),
+            lambda: sk.StateBackend(
+                uri, storage_options={**options, "endpoint": f"ftp://user:{SECRET}@host"}
+            ),
         ):
             with pytest.raises((sk.StateKeeperError, ValueError)) as excinfo:
                 error_call()

@@ -428,12 +428,22 @@ def _is_float(text: str) -> bool:
 
 
 def _found(name: str, value: object) -> str:
-    """``<type> <value>`` for a message; the value is hidden if the option holds a secret."""
-    if is_secret_option(name):
+    """``<type> <value>`` for a message; the value is hidden if the option holds a secret,
+    or looks like a URL with a password (an endpoint or a proxy with user:password@)."""
+    if is_secret_option(name) or (isinstance(value, str) and _has_password(value)):
         return f"{type(value).__name__} (value hidden: it is a secret)"
     text = repr(value)
     shown = text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
     return f"{type(value).__name__} {shown}"
+
+
+def _has_password(text: str) -> bool:
+    if "@" not in text:
+        return False
+    try:
+        return bool(urlsplit(text.strip()).password)
+    except ValueError:  # malformed: may still hold one
+        return True
 
 
 def _shown_name(name: object) -> str:

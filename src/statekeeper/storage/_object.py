@@ -478,6 +478,9 @@ def _secret_values(uri: object, options: Mapping[str, str]) -> tuple[str, ...]:
     secrets = {value for key, value in options.items() if len(value) >= 4 and is_secret_option(key)}
     for value in list(secrets):
         secrets.update(_json_secrets(value))
+    for value in options.values():  # a password in a URL option (an endpoint, a proxy)
+        if "@" in value and (password := _url_password(value)):
+            secrets.add(password)
     if isinstance(uri, str):
         parts = urlsplit(uri)
         if parts.password:
@@ -487,6 +490,13 @@ def _secret_values(uri: object, options: Mapping[str, str]) -> tuple[str, ...]:
             secrets.update(value for _, value in parse_qsl(parts.query) if len(value) >= 4)
     # Longest first, so a secret containing another is replaced whole.
     return tuple(sorted(secrets, key=len, reverse=True))
+
+
+def _url_password(value: str) -> str | None:
+    try:
+        return urlsplit(value.strip()).password
+    except ValueError:
+        return None
 
 
 def _json_secrets(value: str) -> set[str]:
