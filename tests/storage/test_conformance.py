@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from statekeeper.errors import CommitConflictError, StateNotFoundError
+from statekeeper.errors import CommitConflictError, StateNotFoundError, StorageError
 from statekeeper.storage import (
     BlobMeta,
     BlobStore,
@@ -452,6 +452,19 @@ class TestS3(BlobStoreConformance, ForeignObjects):
     ) -> Callable[[str, bytes], None]:
         bucket, _, prefix = s3_root[0].removeprefix("s3://").partition("/")
         return lambda key, data: s3_server.put_object(bucket, f"{prefix}/{key}", data)
+
+    def test_an_object_no_listing_can_return_is_named_with_what_to_do(
+        self, store: BlobStore, put_foreign: Callable[[str, bytes], None]
+    ) -> None:
+        """Found by review: an object with an empty segment (``aws s3 cp x s3://b/root//x``)
+        fails every listing of its prefix in the S3 client; the error now names it and
+        says to remove it, and listings beside it still work."""
+        store.put("op/0/files/blob", b"x")
+        store.put("other/0/files/blob", b"x")
+        put_foreign("op/0//notes.txt", b"junk")
+        with pytest.raises(StorageError, match=r"op/0//notes\.txt.*delete or rename"):
+            store.list("op/")
+        assert keys_of(store.list("other/")) == ["other/0/files/blob"]
 
 
 @pytest.mark.gcs

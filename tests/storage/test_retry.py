@@ -278,6 +278,8 @@ def object_store(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> ObjectBlobSt
         ((409, "ConditionalRequestConflict"), TransientStorageError, 3),
         ((403, "AccessDenied"), StorageError, 1),
         ((400, "InvalidRequest"), StorageError, 1),
+        # found by review: a server without conditional writes was retried, then "gave up"
+        ((501, "NotImplemented"), StorageError, 1),
     ],
     indirect=["status_server"],
 )
@@ -420,3 +422,18 @@ def test_our_retry_recognises_its_own_landed_create(
     assert any("an earlier attempt had landed" in message for message in messages)
     with pytest.raises(CommitConflictError):
         store.put("k", b"theirs")  # a real second writer is still refused
+
+
+def test_no_credentials_is_said_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: without credentials obstore asks the instance metadata endpoint,
+    and its failure was the whole message ("Error performing PUT http://169.254.169.254/
+    latest/api/token ... 403"), naming neither credentials nor how to give them."""
+    store = object_store("http://127.0.0.1:9", monkeypatch)
+    seen = RuntimeError(
+        "Generic S3 error: Error performing PUT http://169.254.169.254/latest/api/token in "
+        "1ms, after 0 retries - Server returned non-2xx status code: 403 Forbidden"
+    )
+    error = store._translate(seen, "get", "a/b")
+    assert type(error) is StorageError
+    assert "no credentials were found" in str(error)
+    assert "access_key_id" in str(error)

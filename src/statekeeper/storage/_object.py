@@ -80,7 +80,8 @@ _LIST_CHUNK = 1000
 # Matched against the part of obstore's message before its debug dump (the dump always
 # mentions "retry_timeout", which must not count as a timeout).
 _TRANSIENT = re.compile(
-    r"status code: (5\d\d|429)\b|slowdown|throttl|requesttimeout|serviceunavailable"
+    # 501 and 505 are the server's for good (no conditional writes, say): not retried.
+    r"status code: (5(?!01|05)\d\d|429)\b|slowdown|throttl|requesttimeout|serviceunavailable"
     r"|internalerror|timed out|timeout|error sending request"
     r"|connection (reset|refused|closed|aborted)|broken pipe|body error|dns error"
     # A listing cut short on the way: seen behind a proxy, and one failed read stopped a
@@ -90,6 +91,8 @@ _TRANSIENT = re.compile(
 )
 _UNKNOWN_KEY = re.compile(r"key: '([^']*)'")
 _CONDITIONAL_CONFLICT = "ConditionalRequestConflict"
+_INVALID_PATH = "Encountered object with invalid path"
+_METADATA_ENDPOINT = "169.254.169.254"  # asked for credentials when none were given
 _XML_DECLARATION = re.compile(r"<\?xml[^>]*\?>")
 
 
@@ -424,6 +427,20 @@ class ObjectBlobStore(ParallelTransfers):
             return StorageError(f"{where}: access denied ({detail})")
         if isinstance(exc, TimeoutError | ConnectionError) or _TRANSIENT.search(head):
             return TransientStorageError(f"{where}: {detail}")
+        if _INVALID_PATH in head:
+            return StorageError(
+                f"{where}: {detail}. An object another tool put under the root has a name "
+                "this client cannot list (an empty segment '//', a '.' or '..' segment, or a "
+                "control character); statekeeper never writes such names and cannot skip "
+                "one: delete or rename that object"
+            )
+        if _METADATA_ENDPOINT in head:
+            return StorageError(
+                f"{where}: no credentials were found, so the instance metadata endpoint was "
+                "asked and failed: pass access_key_id and secret_access_key (or a role's) "
+                "as storage options, or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for "
+                f"every process that reads the root ({detail})"
+            )
         return StorageError(f"{where}: {detail}")
 
     def _detail(self, message: str) -> str:
