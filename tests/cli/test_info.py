@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
+
+import pytest
 
 from statekeeper import layout
 from tests.cli.conftest import Built, one_error_line, run
@@ -162,3 +165,24 @@ def test_operator_without_a_recorded_partition_count(local: Built, tmp_path: Pat
     assert result.exit_code == 2
     assert "partitions are 1" in one_error_line(result)
     assert run("inspect", local.uri, "loose", "-p", "1").exit_code == 0
+
+
+def test_a_temporary_folder_inside_the_root_is_a_usage_error(
+    local: Built, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: with the system's temporary folder inside a local root (root
+    ``/data``, ``TMPDIR=/data/tmp``) every command failed with "unexpected ValueError",
+    telling to change an option the command line does not have."""
+    inside = Path(local.uri) / "tmp"
+    inside.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(inside))
+    result = run("info", local.uri)
+    assert result.exit_code == 2
+    assert "set TMPDIR to a folder outside the root" in one_error_line(result)
+
+
+def test_a_file_given_as_the_root_is_said_to_be_one(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    result = run("info", str(tmp_path / "f"))
+    assert result.exit_code == 2
+    assert "is a file, not a folder" in one_error_line(result)

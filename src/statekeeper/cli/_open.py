@@ -226,7 +226,8 @@ def open_root(
     try:
         local = local_root(root)
         if local is not None and not os.path.isdir(local):
-            raise UsageFailure(f"checkpoint root {local} does not exist (no such folder)")
+            what = "is a file, not a folder" if os.path.exists(local) else "does not exist"
+            raise UsageFailure(f"checkpoint root {local} {what}")
         store_config = StoreConfig(local_dir=workdir, **config)
         inner = open_blob_store(root, storage_options or None, io_threads=store_config.io_threads)
     except (TypeError, ValueError) as exc:
@@ -239,6 +240,12 @@ def open_root(
             raise
         except StorageError as exc:  # a missing bucket, denied access: the URI is wrong
             raise UsageFailure(f"cannot open checkpoint root {inner.uri}: {exc}") from exc
+        except ValueError as exc:  # the temporary folder lies inside a local root
+            raise UsageFailure(
+                f"cannot open checkpoint root {inner.uri}: {exc}. The command keeps its "
+                f"working copies under the temporary folder {tempfile.gettempdir()}: set "
+                "TMPDIR to a folder outside the root"
+            ) from exc
     except BaseException:
         inner.close()
         raise
