@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 __all__ = [
     "SECRET_MARKERS",
+    "check_plain_http",
     "check_storage_options",
     "is_secret_option",
     "split_client_options",
@@ -263,6 +264,35 @@ def check_storage_options(options: object) -> dict[str, str]:
     return checked
 
 
+def check_plain_http(options: Mapping[str, str]) -> None:
+    """Refuse an ``http://`` endpoint without ``allow_http``: the client refuses it too, but
+    only as "builder error" at the first request.
+
+    Raises:
+        ValueError: an endpoint option is an http URL and ``allow_http`` is not true.
+    """
+    allowed = {_bare(n): v for n, v in options.items()}.get("allow_http", "false")
+    if allowed.strip().lower() == "true":
+        return
+    for name, value in options.items():
+        if _bare(name) in ("endpoint", "endpoint_url") and value.strip().lower().startswith(
+            "http://"
+        ):
+            raise ValueError(
+                f"storage option {name!r} is a plain http:// URL, which the client refuses "
+                "unless storage option 'allow_http' is 'true': add it (a local emulator), or "
+                "use https://"
+            )
+
+
+def _bare(name: str) -> str:
+    """An option name without its backend's alias prefix (``aws_endpoint``: ``endpoint``)."""
+    key = name.lower()
+    for prefix in _ALIAS_PREFIX.values():
+        key = key.removeprefix(prefix)
+    return key
+
+
 def split_client_options(options: Mapping[str, str]) -> tuple[dict[str, str], dict[str, Any]]:
     """Split checked options into obstore store config and HTTP client options.
 
@@ -321,10 +351,7 @@ def unparsable_option_message(message: str, options: Mapping[str, str]) -> str |
 
 def _check_url(name: str, text: str, original: object) -> None:
     """Refuse a URL option (``endpoint``, ``proxy_url``, ...) that is no http(s) URL."""
-    key = name.lower()
-    for prefix in _ALIAS_PREFIX.values():
-        key = key.removeprefix(prefix)
-    if key not in _URL_OPTIONS:
+    if _bare(name) not in _URL_OPTIONS:
         return
     try:
         parts = urlsplit(text.strip())

@@ -41,6 +41,7 @@ from statekeeper.errors import (
     TransientStorageError,
 )
 from statekeeper.storage._checks import (
+    check_plain_http,
     check_storage_options,
     is_secret_option,
     split_client_options,
@@ -134,6 +135,7 @@ class ObjectBlobStore(ParallelTransfers):
         """
         super().__init__(io_threads)
         options = check_storage_options(storage_options)
+        check_plain_http(options)
         self._secrets = _secret_values(uri, options)
         self._uri = _display_uri(uri)
         self._retry = retry if retry is not None else RetryPolicy()
