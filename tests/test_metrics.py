@@ -109,3 +109,21 @@ def test_a_metrics_blob_is_checksummed_and_named_for_its_store() -> None:
         decode_commit_metrics(other, blob=key)
     with pytest.raises(sk.CorruptStateError, match="up to version 5, found those of store op/0"):
         decode_commit_metrics(blob, blob=layout.metrics_key("op", 0, 5))
+
+
+def test_a_damaged_metrics_blob_is_left_out_and_the_rest_is_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by review: one damaged metrics blob failed ``statekeeper stats`` for the whole
+    root, though metrics are not state."""
+    config = sk.StoreConfig(local_dir=str(tmp_path / "local"), snapshot_every=1000, metrics_every=3)
+    with sk.StateBackend(str(tmp_path / "root"), config=config) as backend:
+        with backend.open("ops", 0) as store:
+            for v in range(1, 7):
+                store.put(b"k", str(v).encode())
+                store.commit()
+        damaged = tmp_path / "root" / layout.metrics_key("ops", 0, 3)
+        damaged.write_bytes(damaged.read_bytes().replace(b'"records":1', b'"records":7', 1))
+        recorded = read_commit_metrics(backend.blobs, "ops", 0)
+    assert sorted(recorded) == [4, 5, 6]
+    assert layout.metrics_key("ops", 0, 3) in caplog.text

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -58,6 +59,8 @@ __all__ = [
     "read_commit_metrics",
     "write_commit_metrics",
 ]
+
+_log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2
 """2 adds a CRC32C of the document (format 1 is still read)."""
@@ -194,10 +197,11 @@ def read_commit_metrics(
 ) -> dict[int, CommitMetrics]:
     """Every recorded commit of a store with version >= ``since``, by version.
 
-    When two blobs record one version (a re-run), the newer blob's entry wins.
+    When two blobs record one version (a re-run), the newer blob's entry wins. A blob that
+    is not valid is left out with a WARNING naming it: metrics are not state, and one
+    damaged blob must not hide a store's other commits (``statekeeper stats``).
 
     Raises:
-        CorruptStateError: a metrics blob is not valid.
         StorageError: listing or reading failed.
     """
     keys = sorted(
@@ -208,9 +212,12 @@ def read_commit_metrics(
     out: dict[int, CommitMetrics] = {}
     datas = blobs.get_many([k for _, k in keys])
     for (_, key), data in zip(keys, datas, strict=True):
-        out.update(
-            (c.version, c) for c in decode_commit_metrics(data, blob=key) if c.version >= since
-        )
+        try:
+            commits = decode_commit_metrics(data, blob=key)
+        except CorruptStateError as exc:
+            _log.warning("left out of the commit metrics: %s", exc)
+            continue
+        out.update((c.version, c) for c in commits if c.version >= since)
     return out
 
 
