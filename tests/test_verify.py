@@ -12,11 +12,11 @@ import pytest
 
 import statekeeper as sk
 from statekeeper import layout
-from statekeeper.errors import StorageError
+from statekeeper.errors import StorageError, TransientStorageError
 from statekeeper.gc import collect_garbage
 from statekeeper.history import StoreHistory
 from statekeeper.storage import LocalBlobStore
-from tests.blobstores import store_history
+from tests.blobstores import RecordingBlobStore, gc_later, store_history
 from tests.changelog.format1 import to_format1
 
 
@@ -324,3 +324,68 @@ def test_a_changelog_of_several_parts_verifies_and_a_damaged_part_is_named(
     assert problems[0].blob == key
     assert "does not belong where it is stored" in problems[0].message
     backend.close()
+
+
+def test_a_store_whose_manifests_were_deleted_is_refused_not_read_as_empty(
+    tmp_path: Path,
+) -> None:
+    """Found by review: with every manifest of a store gone (a lifecycle rule, a partial
+    copy of the bucket) its per-attempt blobs were invisible to the format-1 reading, so
+    the store opened empty at version 0, verify said it was intact, and GC would have
+    deleted its snapshots' files. Now nothing reads, commits to or collects it."""
+    backend = _build(tmp_path)
+    backend.close()
+    manifests = tmp_path / "root" / layout.manifest_prefix("op", 0)
+    files = sorted((tmp_path / "root" / "op" / "0" / "files").iterdir())
+    shutil.rmtree(manifests)
+    config = sk.StoreConfig(local_dir=str(tmp_path / "w2"))
+    with sk.StateBackend(str(tmp_path / "root"), config=config) as again:
+        report = again.verify()
+        assert not report.ok
+        assert [p.kind for p in report.problems] == ["missing"]
+        assert "its manifests were deleted" in report.problems[0].message
+        with pytest.raises(sk.CorruptStateError, match="its manifests were deleted"):
+            again.versions("op", 0)
+        with pytest.raises(sk.CorruptStateError, match="its manifests were deleted"):
+            again.open("op", 0)
+        collected = gc_later(again, 30 * 86400)
+        assert collected.stores["op/0"].skipped is not None
+        assert not [k for k in collected.deleted_keys if k.startswith("op/0/")]
+    assert sorted((tmp_path / "root" / "op" / "0" / "files").iterdir()) == files
+
+
+def test_a_first_commit_that_never_registered_leaves_an_empty_store(tmp_path: Path) -> None:
+    """The other side of the check above: blobs of version 1 without a manifest are a
+    first commit that died before registering it (an orphan), and the store is empty."""
+    backend = sk.StateBackend(
+        str(tmp_path / "root"), config=sk.StoreConfig(local_dir=str(tmp_path / "w"))
+    )
+    with backend, backend.open("op", 0) as store:
+        store.put(b"k", b"v")
+        store.commit()
+    shutil.rmtree(tmp_path / "root" / layout.manifest_prefix("op", 0))
+    config = sk.StoreConfig(local_dir=str(tmp_path / "w2"))
+    with sk.StateBackend(str(tmp_path / "root"), config=config) as again:
+        assert again.versions("op", 0) == [0]
+        assert again.verify().ok
+
+
+class _FilesUnreadable(RecordingBlobStore):
+    """Every read of a snapshot file fails as a throttled store's would after its retries."""
+
+    def get(self, key: str) -> bytes:
+        if "/files/" in key:
+            raise TransientStorageError(f"503 SlowDown reading {key} (injected)")
+        return super().get(key)
+
+
+def test_a_file_that_cannot_be_read_now_is_an_error_not_a_missing_blob(tmp_path: Path) -> None:
+    """Found by review: ``verify --deep`` reported every snapshot file it could not read
+    (throttling, access denied) as missing, telling of damage a root did not have."""
+    _build(tmp_path).close()
+    blobs = _FilesUnreadable(LocalBlobStore(str(tmp_path / "root")))
+    config = sk.StoreConfig(local_dir=str(tmp_path / "w2"))
+    with sk.StateBackend(blobs, config=config) as backend:
+        assert backend.verify(deep=False).ok
+        with pytest.raises(StorageError, match="503 SlowDown"):
+            backend.verify(deep=True)

@@ -79,7 +79,7 @@ from statekeeper.errors import (
     StateKeeperError,
     StateNotFoundError,
 )
-from statekeeper.history import StoreHistory
+from statekeeper.history import StoreHistory, lost_manifests
 from statekeeper.manifest import (
     LEGACY_ATTEMPT,
     MANIFEST_GRACE_S,
@@ -312,6 +312,10 @@ def _plan_store(st: _Store, metas: list[BlobMeta], busy: bool) -> tuple[StoreGc,
     """Decide what to delete in a format-1 store; returns the report and the doomed keys."""
     blobs, config, operator, partition = st.blobs, st.config, st.operator, st.partition
     report = StoreGc(store=f"{operator}/{partition}")
+    if (lost := lost_manifests(operator, partition, (m.key for m in metas))) is not None:
+        report.skipped = lost  # its snapshots' files look unreferenced: keep them all
+        _log.warning("gc skipped store %s: %s", report.store, lost)
+        return report, []
     changelogs = {v: m for m in metas if (v := layout.parse_changelog_key(m.key)) is not None}
     indexes = {v: m for m in metas if (v := layout.parse_snapshot_key(m.key)) is not None}
     files = [m for m in metas if m.key.startswith(layout.files_prefix(operator, partition))]

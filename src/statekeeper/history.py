@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from statekeeper import layout
 from statekeeper.changelog import ChangelogIdentity
-from statekeeper.errors import StateKeeperError, StateNotFoundError
+from statekeeper.errors import CorruptStateError, StateKeeperError, StateNotFoundError
 from statekeeper.manifest import (
     LEGACY_ATTEMPT,
     PLAIN_ORDER,
@@ -32,7 +32,46 @@ from statekeeper.manifest import (
 from statekeeper.snapshot import iter_files, load_index
 from statekeeper.storage import BlobMeta, BlobStore
 
-__all__ = ["ChangeStretch", "RestorePlan", "RootListing", "StoreHistory", "ranges"]
+__all__ = [
+    "ChangeStretch",
+    "RestorePlan",
+    "RootListing",
+    "StoreHistory",
+    "lost_manifests",
+    "ranges",
+]
+
+
+def lost_manifests(operator: str, partition: int, keys: Iterable[str]) -> str | None:
+    """Why a store without any manifest must not be read as format 1: it holds commit
+    blobs of format 2 (named per attempt) that only registered versions let a commit
+    write, so its manifests were deleted (a lifecycle rule, a partial copy of the bucket):
+    a changelog of a version past 1 (its commit built on a registered version), or
+    snapshots of two versions. ``None`` otherwise: at most orphans, which GC collects, of
+    first commits that never registered (version 1) or of a rescale that died before its
+    commit point (one snapshot). ``keys`` are the store's blob keys."""
+    found: str | None = None
+    snapshots: set[int] = set()
+    for key in keys:
+        if (changelog := layout.parse_attempt_changelog_key(key)) is not None:
+            if changelog[0] >= 2:
+                found = key
+                break
+        elif (snapshot := layout.parse_attempt_snapshot_key(key)) is not None:
+            snapshots.add(snapshot[0])
+            if len(snapshots) >= 2 and max(snapshots) >= 2:
+                found = key
+                break
+    if found is None:
+        return None
+    return (
+        f"store {operator}/{partition} holds commit blobs that a manifest registered "
+        f"({found}) but no manifest "
+        f"({layout.manifest_prefix(operator, partition)}...): its manifests were "
+        "deleted or not copied, and its versions cannot be told without them. Restore "
+        "the manifest blobs (from your object store's versions or a copy); until then "
+        "the store is neither restored, committed to nor collected"
+    )
 
 
 @dataclass
@@ -176,7 +215,8 @@ class StoreHistory:
         a listing of its changelogs and snapshot indexes (not its many file blobs).
 
         Raises:
-            CorruptStateError: the store has manifests and none is readable.
+            CorruptStateError: the store has manifests and none is readable, or has lost
+                them (:func:`lost_manifests`).
             StorageError: a listing or read failed.
         """
         skipped: list[str] = []
@@ -205,7 +245,8 @@ class StoreHistory:
         with ``blobs``, a store with manifests is read from its newest one.
 
         Raises:
-            CorruptStateError: the store has manifests and none is readable.
+            CorruptStateError: the store has manifests and none is readable, or has lost
+                them (:func:`lost_manifests`).
             StorageError: reading a manifest failed.
         """
         keys = list(keys)
@@ -217,6 +258,8 @@ class StoreHistory:
             )  # fmt: skip
             if manifest is not None:
                 return cls.from_manifest(manifest, skipped=skipped)
+        if (lost := lost_manifests(operator, partition, keys)) is not None:
+            raise CorruptStateError(lost)
         changelogs: set[int] = set()
         snapshots: set[int] = set()
         for key in keys:

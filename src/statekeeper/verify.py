@@ -38,7 +38,7 @@ from statekeeper.changelog import (
     read_changelog,
 )
 from statekeeper.errors import CorruptStateError, StateKeeperError, StateNotFoundError
-from statekeeper.history import StoreHistory, ranges
+from statekeeper.history import StoreHistory, lost_manifests, ranges
 from statekeeper.manifest import (
     LEGACY_ATTEMPT,
     StoreManifest,
@@ -191,6 +191,10 @@ class _StoreCheck:
 
     def run(self, progress: Progress | None, total: int) -> None:
         """Check a format-1 store from its listing: every blob is named by its version."""
+        lost = lost_manifests(self.operator, self.partition, self.metas)
+        if lost is not None:
+            self.problem(layout.manifest_prefix(self.operator, self.partition), "missing", lost)
+            return
         changelogs = {v: k for k in self.metas if (v := layout.parse_changelog_key(k)) is not None}
         indexes = {v: k for k in self.metas if (v := layout.parse_snapshot_key(k)) is not None}
         prev_keys: set[str] = set()
@@ -466,10 +470,13 @@ class _StoreCheck:
                     crc = google_crc32c.extend(crc, data)
                     self.report.bytes_checked += len(data)
                     copy.write(data)
-            except StateKeeperError as exc:
+            except StateNotFoundError as exc:
                 self.problem(keys[0], "missing", f"file {rel} of snapshot {index_key}: {exc}")
                 return
-            finally:
+            except CorruptStateError as exc:
+                self.problem(keys[0], "corrupt", f"file {rel} of snapshot {index_key}: {exc}")
+                return
+            finally:  # any other read failure (a StorageError) is raised: the root may be fine
                 copy.close()
             self.report.blobs_checked += len(keys)
             where = keys[0] if len(keys) == 1 else ", ".join(keys)
