@@ -14,7 +14,7 @@ import statekeeper as sk
 from statekeeper import layout
 from statekeeper.errors import StorageError, TransientStorageError
 from statekeeper.gc import collect_garbage
-from statekeeper.history import StoreHistory
+from statekeeper.history import RootListing, StoreHistory, lost_manifests
 from statekeeper.storage import LocalBlobStore
 from tests.blobstores import RecordingBlobStore, gc_later, store_history
 from tests.changelog.format1 import to_format1
@@ -326,18 +326,16 @@ def test_a_changelog_of_several_parts_verifies_and_a_damaged_part_is_named(
     backend.close()
 
 
-def test_a_store_whose_manifests_were_deleted_is_refused_not_read_as_empty(
-    tmp_path: Path,
-) -> None:
+def test_a_store_whose_manifests_were_deleted_is_reported_and_kept(tmp_path: Path) -> None:
     """Found by review: with every manifest of a store gone (a lifecycle rule, a partial
     copy of the bucket) its per-attempt blobs were invisible to the format-1 reading, so
-    the store opened empty at version 0, verify said it was intact, and GC would have
-    deleted its snapshots' files. Now nothing reads, commits to or collects it."""
+    verify said the root was intact, GC would have deleted its snapshots' files, and the
+    tools listed it at version 0. (A Spark task refuses to fill it from empty state:
+    ``tests/spark/test_skipped_batches.py``.)"""
     backend = _build(tmp_path)
     backend.close()
-    manifests = tmp_path / "root" / layout.manifest_prefix("op", 0)
     files = sorted((tmp_path / "root" / "op" / "0" / "files").iterdir())
-    shutil.rmtree(manifests)
+    shutil.rmtree(tmp_path / "root" / layout.manifest_prefix("op", 0))
     config = sk.StoreConfig(local_dir=str(tmp_path / "w2"))
     with sk.StateBackend(str(tmp_path / "root"), config=config) as again:
         report = again.verify()
@@ -345,29 +343,22 @@ def test_a_store_whose_manifests_were_deleted_is_refused_not_read_as_empty(
         assert [p.kind for p in report.problems] == ["missing"]
         assert "its manifests were deleted" in report.problems[0].message
         with pytest.raises(sk.CorruptStateError, match="its manifests were deleted"):
-            again.versions("op", 0)
-        with pytest.raises(sk.CorruptStateError, match="its manifests were deleted"):
-            again.open("op", 0)
+            RootListing.of(again.blobs).history("op", 0)
         collected = gc_later(again, 30 * 86400)
         assert collected.stores["op/0"].skipped is not None
         assert not [k for k in collected.deleted_keys if k.startswith("op/0/")]
     assert sorted((tmp_path / "root" / "op" / "0" / "files").iterdir()) == files
 
 
-def test_a_first_commit_that_never_registered_leaves_an_empty_store(tmp_path: Path) -> None:
-    """The other side of the check above: blobs of version 1 without a manifest are a
-    first commit that died before registering it (an orphan), and the store is empty."""
-    backend = sk.StateBackend(
-        str(tmp_path / "root"), config=sk.StoreConfig(local_dir=str(tmp_path / "w"))
-    )
-    with backend, backend.open("op", 0) as store:
-        store.put(b"k", b"v")
-        store.commit()
-    shutil.rmtree(tmp_path / "root" / layout.manifest_prefix("op", 0))
-    config = sk.StoreConfig(local_dir=str(tmp_path / "w2"))
-    with sk.StateBackend(str(tmp_path / "root"), config=config) as again:
-        assert again.versions("op", 0) == [0]
-        assert again.verify().ok
+def test_orphans_of_refused_commits_are_not_taken_for_lost_manifests() -> None:
+    """Found by the simulation: a first commit that never registered, and commits refused
+    on top of it (a local copy ahead of the root), leave per-attempt blobs of versions 1, 2,
+    ... and no manifest; only registered commits write commit metrics."""
+    orphans = [layout.attempt_changelog_key("op", 0, v, "a" * 32) for v in (1, 2, 3)]
+    assert lost_manifests("op", 0, orphans) is None
+    assert lost_manifests("op", 0, [*orphans, layout.metrics_key("op", 0, 3)]) is not None
+    legacy = [layout.changelog_key("op", 0, 1), layout.metrics_key("op", 0, 1)]
+    assert lost_manifests("op", 0, [*legacy, orphans[0]]) is None  # statekeeper 0.1
 
 
 class _FilesUnreadable(RecordingBlobStore):

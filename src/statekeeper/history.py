@@ -43,34 +43,35 @@ __all__ = [
 
 
 def lost_manifests(operator: str, partition: int, keys: Iterable[str]) -> str | None:
-    """Why a store without any manifest must not be read as format 1: it holds commit
-    blobs of format 2 (named per attempt) that only registered versions let a commit
-    write, so its manifests were deleted (a lifecycle rule, a partial copy of the bucket):
-    a changelog of a version past 1 (its commit built on a registered version), or
-    snapshots of two versions. ``None`` otherwise: at most orphans, which GC collects, of
-    first commits that never registered (version 1) or of a rescale that died before its
-    commit point (one snapshot). ``keys`` are the store's blob keys."""
-    found: str | None = None
-    snapshots: set[int] = set()
+    """Why a store without any manifest must not be read as empty: it holds commit blobs
+    named per attempt (format 2) and commit metrics, which a store writes only for commits
+    a manifest registered, so its manifests were deleted (a lifecycle rule, a partial copy
+    of the bucket). ``None`` otherwise: per-attempt blobs alone may all be orphans (first
+    commits that never registered, and commits refused on top of them; a rescale that died
+    before its commit point), and a store of statekeeper 0.1 (format-1 names) never had a
+    manifest. ``keys`` are the store's blob keys, its metrics among them."""
+    attempt: str | None = None
+    metrics = False
     for key in keys:
-        if (changelog := layout.parse_attempt_changelog_key(key)) is not None:
-            if changelog[0] >= 2:
-                found = key
-                break
-        elif (snapshot := layout.parse_attempt_snapshot_key(key)) is not None:
-            snapshots.add(snapshot[0])
-            if len(snapshots) >= 2 and max(snapshots) >= 2:
-                found = key
-                break
-    if found is None:
+        if layout.parse_changelog_key(key) is not None:
+            return None  # a store of statekeeper 0.1
+        if layout.parse_snapshot_key(key) is not None:
+            return None
+        if layout.parse_metrics_key(key) is not None:
+            metrics = True
+        elif attempt is None and (
+            layout.parse_attempt_changelog_key(key) or layout.parse_attempt_snapshot_key(key)
+        ):
+            attempt = key
+    if attempt is None or not metrics:
         return None
     return (
-        f"store {operator}/{partition} holds commit blobs that a manifest registered "
-        f"({found}) but no manifest "
-        f"({layout.manifest_prefix(operator, partition)}...): its manifests were "
-        "deleted or not copied, and its versions cannot be told without them. Restore "
-        "the manifest blobs (from your object store's versions or a copy); until then "
-        "the store is neither restored, committed to nor collected"
+        f"store {operator}/{partition} holds commit blobs ({attempt}) and commit metrics, "
+        "which only registered commits write, but no manifest "
+        f"({layout.manifest_prefix(operator, partition)}...): its manifests were deleted or "
+        "not copied, and its versions cannot be told without them. Restore the manifest "
+        "blobs (from your object store's versions or a copy); until then the store is "
+        "neither restored, committed to nor collected"
     )
 
 

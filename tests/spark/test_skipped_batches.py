@@ -6,6 +6,7 @@ retry and restart)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,11 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from statekeeper import StateBackend, StoreConfig, layout
+from statekeeper import CorruptStateError, StateBackend, StoreConfig, layout
 from statekeeper.spark import read_state, transform_with_state, transform_with_state_arrow
+from statekeeper.spark._cache import StoreSpec
+from statekeeper.spark._reports import TaskIdentity
+from statekeeper.spark._tasks import TaskSpec, _skipped_since
 from tests.spark.conftest import SparkHolder
 from tests.spark.helpers import (
     OUTPUT_SCHEMA,
@@ -146,3 +150,26 @@ def test_a_version_only_a_damaged_manifest_names_is_never_committed_empty(
     with pytest.raises(StreamingQueryException, match=f"{damaged.name} failed its checks"):
         run()
     assert sorted(damaged.parent.glob("*.json")) == manifests  # nothing written past it
+
+
+def test_a_store_that_lost_its_manifests_is_never_filled_from_empty_state(tmp_path: Path) -> None:
+    """Found by review: with every manifest of a store deleted, the store read as empty at
+    version 0, and the next micro-batch took the gap for batches Spark had skipped: it
+    committed them empty and the query went on from empty state. Commit metrics show the
+    store had registered commits, so the task fails instead, saying what was lost. (No
+    Spark: the decision is the task's, taken before it opens the store.)"""
+    root = str(tmp_path / "state")
+    config = StoreConfig(local_dir=str(tmp_path / "local"), metrics_every=1)
+    with StateBackend(root, config=config) as backend, backend.open("op", 0) as store:
+        for v in range(3):
+            store.put(b"k", b"%d" % v)
+            store.commit(owner="query")
+    store_spec = StoreSpec(root, "op", 1, config, (), 5.0)
+    spec = TaskSpec(store_spec, ("k",), None, None, None, 1, None)
+    ctx = TaskIdentity(3, 0, "query", 0, 0, 0)
+    assert _skipped_since(spec, ctx) is None  # version 3 is there: no gap to fill
+    shutil.rmtree(Path(root) / layout.manifest_prefix("op", 0))
+    with pytest.raises(CorruptStateError, match="its manifests were deleted"):
+        _skipped_since(spec, ctx)
+    shutil.rmtree(Path(root) / layout.metrics_prefix("op", 0))
+    assert _skipped_since(spec, ctx) == 0  # orphans alone: an empty store, as before

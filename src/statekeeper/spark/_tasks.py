@@ -23,13 +23,15 @@ from typing import Any
 
 from pyspark import TaskContext
 
+from statekeeper import layout
 from statekeeper.errors import (
     CommitConflictError,
+    CorruptStateError,
     OwnerConflictError,
     StateKeeperError,
     StateNotFoundError,
 )
-from statekeeper.history import StoreHistory
+from statekeeper.history import StoreHistory, lost_manifests
 from statekeeper.keyed import StatefulProcessor
 from statekeeper.keyed.grouping import KeyedInput
 from statekeeper.keyed.runner import BatchTime
@@ -161,16 +163,18 @@ def _acquire(
     committed are committed empty here, each owned by this query. A gap after a version of
     another query, or of none (the store API), is refused as before: the query's
     checkpointLocation and the state root disagree. So is one a newer manifest that failed
-    its checks may cover (the version would replace the one it names). A gap after version
-    0 is filled: nothing tells a query whose first micro-batches had no input (or an
-    operator added to a running query) from an old checkpointLocation pointed at a new,
-    empty root, which therefore starts from empty state (the WARNING says so) instead of
-    failing. An initial state is applied in that filled micro-batch 0, as Spark applies it
-    in batch 0 whether or not the operator has input there (before, the gap was refused,
-    and the query could never run again).
+    its checks may cover (the version would replace the one it names), and one of a store
+    that lost its manifests (:func:`~statekeeper.history.lost_manifests`: filling it would
+    go on from empty state). A gap after version 0 is filled: nothing tells a query whose
+    first micro-batches had no input (or an operator added to a running query) from an old
+    checkpointLocation pointed at a new, empty root, which therefore starts from empty
+    state (the WARNING says so) instead of failing. An initial state is applied in that
+    filled micro-batch 0, as Spark applies it in batch 0 whether or not the operator has
+    input there (before, the gap was refused, and the query could never run again).
 
     Raises:
         StateNotFoundError: version ``b`` is missing, and not for skipped micro-batches.
+        CorruptStateError: the store lost its manifests.
         StateKeeperError: as :meth:`StoreCache.acquire`.
     """
     try:
@@ -211,15 +215,19 @@ def _skipped_since(spec: TaskSpec, ctx: TaskIdentity) -> int | None:
     meta = backend.root_metadata()
     if meta is None or not ctx.query_id:
         return None
-    history = StoreHistory.load(
-        backend.blobs, spec.store.operator, ctx.partition, root_id=meta.root_id
-    )
+    store = (spec.store.operator, ctx.partition)
+    history = StoreHistory.load(backend.blobs, *store, root_id=meta.root_id)
     newest = history.latest()
     if newest >= ctx.batch_id or history.skipped_manifests:
         # A damaged newer manifest may name the versions that look skipped: committing them
         # empty would replace a micro-batch's state with its predecessor's.
         return None
     if newest == 0:
+        if history.manifest is None:  # an empty store, unless it lost its manifests
+            prefixes = (layout.changelog_prefix, layout.snapshot_prefix, layout.metrics_prefix)
+            keys = [m.key for f in prefixes for m in backend.blobs.list(f(*store))]
+            if (lost := lost_manifests(*store, keys)) is not None:
+                raise CorruptStateError(lost)  # filling the gap would go on from empty state
         return 0
     entry = None if history.manifest is None else history.manifest.entry(newest)
     return newest if entry is not None and entry.owner == ctx.query_id else None
