@@ -172,20 +172,56 @@ def test_bad_initial_state_is_refused_before_any_state(spark: SparkSession, tmp_
     assert not (tmp_path / "root").exists()
 
 
+class SeededWithDueTimer(StatefulProcessor):
+    """:class:`FailsFirstAttempt`'s count and seed, failing the first attempt of batch 1
+    instead; the initial state also registers a timer due at once, which emits ``-100``."""
+
+    rows = "row"
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.state = handle.value_state("count")
+
+    def handle_initial_state(self, key: Any, rows: Any, timer_values: Any) -> None:
+        n, seed = self.state.get() or (0, 0)
+        self.state.update((n, seed + sum(r.v for r in rows)))
+        self.handle.register_timer(timer_values.get_current_processing_time_in_ms())
+
+    def handle_input_rows(self, key: tuple[Any, ...], rows: Any) -> Iterator[Any]:
+        tc = TaskContext.get()
+        assert tc is not None
+        if tc.getLocalProperty("streaming.sql.batchId") == "1" and tc.attemptNumber() == 0:
+            raise RuntimeError("first attempt of batch 1 fails on purpose")
+        n, seed = self.state.get() or (0, 0)
+        self.state.update((n + len(rows), seed))
+        yield (key[0], n + len(rows), seed)
+
+    def handle_expired_timer(self, key: Any, timer_values: Any, info: Any) -> Iterator[Any]:
+        yield (key[0], -100, (self.state.get() or (0, 0))[1])
+
+
 def test_an_initial_state_is_applied_when_batch_0_ran_no_task_of_the_operator(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     """Found by review: the operator's output unioned with a second stream that alone had
     data in micro-batch 0, so Spark ran no task of the operator there. Every later batch
     refused the gap after version 0 (the initial state would be lost), and the query could
-    never run again. The operator's first task now applies the initial state as batch 0."""
+    never run again. The operator's first task now applies the initial state as batch 0.
+    The timers it makes due fire in that task's own batch, so a retry of the task emits
+    them again (found by a second review: fired in the late batch 0, they were lost)."""
     initial = spark.createDataFrame([("a", 10), ("b", 5), ("a", 1)], "k string, v long")
+    (tmp_path / "in").mkdir()
     (tmp_path / "other").mkdir()
     other = (
         spark.readStream.schema("k string").json(str(tmp_path / "other"))
         .select("k", F.lit(-1).cast("long").alias("n"), F.lit(-1).cast("long").alias("seed"))
     )  # fmt: skip
-    out = _query(spark, tmp_path, PandasSeeded(), initial).unionByName(other)
+    out = transform_with_state(
+        spark.readStream.schema("k string").json(str(tmp_path / "in")), keys="k",
+        processor=SeededWithDueTimer(), output_schema=OUT, checkpoint=str(tmp_path / "root"),
+        name="ops", partitions=3, initial_state=initial, time_mode="processing_time",
+        config=StoreConfig(local_dir=str(tmp_path / "local")),
+    ).unionByName(other)  # fmt: skip
     query = (
         out.writeStream.format("parquet")
         .option("path", str(tmp_path / "sink"))
@@ -202,9 +238,13 @@ def test_an_initial_state_is_applied_when_batch_0_ran_no_task_of_the_operator(
     finally:
         query.stop()
     assert [p["batchId"] for p in query.recentProgress] == [0, 1]
-    assert _out(spark, tmp_path / "sink") == {("x", -1, -1), ("a", 1, 11), ("c", 1, 0)}
-    assert _state(spark, tmp_path / "root", 1) == {"a": (0, 11), "b": (0, 5)}
-    assert _state(spark, tmp_path / "root", 2) == {"a": (1, 11), "b": (0, 5), "c": (1, 0)}
+    assert _out(spark, tmp_path / "sink") == {
+        ("x", -1, -1), ("a", 1, 11), ("c", 1, 0), ("a", -100, 11), ("b", -100, 5)
+    }  # fmt: skip
+    rows = read_state(spark, str(tmp_path / "root"), "ops", version=1).collect()
+    assert {r["k"]: tuple(json.loads(r["value"])) for r in rows if r["state"] == "count"} == {
+        "a": (0, 11), "b": (0, 5)
+    }  # fmt: skip
 
 
 def test_a_query_defined_twice_starts_from_its_first_definition(

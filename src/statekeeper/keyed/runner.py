@@ -216,6 +216,7 @@ def run_processor(
     time: TimeSpec = _NO_TIME,
     batch: BatchTime | None = None,
     initial: Any = None,
+    initial_only: bool = False,
 ) -> Iterator[Any]:
     """Run ``processor`` over one partition's input; yields checked output batches.
 
@@ -226,6 +227,10 @@ def run_processor(
     groups) holds the partition's rows of the operator's initial state: if ``store`` is at
     version 0 (the operator's first micro-batch) they go to ``handle_initial_state``, one
     call per key in key order, before any input; at a later version they are ignored.
+
+    With ``initial_only`` only ``init``, the operator record and ``handle_initial_state``
+    run (no input, no timers, no expiry; nothing is yielded): a micro-batch 0 that an
+    engine applies late, whose due timers fire in the batch it runs next.
 
     Writes go to ``store`` uncommitted; the caller commits after the last batch. With
     ``key_groups`` (the operator's, as the root records them), ``table`` must hold each
@@ -252,7 +257,7 @@ def run_processor(
             store, processor, source, keys=keys, output_schema=output_schema,
             operator=operator, batch_id=batch_id, partition=partition, now_ms=now_ms,
             key_schema=key_schema, stats=stats, key_groups=key_groups, time=time,
-            batch=batch, initial=initial,
+            batch=batch, initial=initial, initial_only=initial_only,
         )  # fmt: skip
     finally:
         source.close()
@@ -282,6 +287,7 @@ def _run(
     time: TimeSpec,
     batch: BatchTime,
     initial: Any,
+    initial_only: bool = False,
 ) -> Iterator[Any]:
     stats.rows_in += source.num_rows
     form = input_form(processor)
@@ -297,6 +303,10 @@ def _run(
     handle.record_operator(keys, key_schema=key_schema, operator=operator)
     if initial is not None and store.version == 0:
         _apply_initial(handle, processor, initial, keys, form, stats)
+    if initial_only:
+        handle.set_key(None)
+        processor.close()
+        return
     where = f"operator {operator!r} partition {partition} micro-batch {batch_id}"
     writer = OutputWriter(output_schema, where, frames=form == "pandas")
     for chunk in source.chunks():

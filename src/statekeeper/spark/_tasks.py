@@ -261,16 +261,14 @@ def rows_task(spec: TaskSpec, processor: StatefulProcessor, batches: Any) -> Ite
                 beats.append(top)
         ctx = _identity(spec, task_input.partition)
         stats = RunStats()
-        late: list[Any] = []
         batch_zero = functools.partial(
-            _late_batch_zero, spec, processor, ctx, task_input.now_ms, stats, late
+            _late_batch_zero, spec, processor, ctx, task_input.now_ms, stats
         )
         lease = _acquire(spec, ctx, batch_zero if spec.initial is not None else None)
     except BaseException:
         source.close()
         raise
     try:
-        yield from late
         blobs = lease.entry.backend.blobs
         initial = initial_rows(blobs, spec.initial, ctx.partition, ctx.batch_id)
         yield from run_processor(
@@ -296,29 +294,28 @@ def _late_batch_zero(
     ctx: TaskIdentity,
     now_ms: int | None,
     stats: RunStats,
-    output: list[Any],
     lease: Lease,
 ) -> None:
     """Micro-batch 0 of a keyed operator that ran no task then (:func:`_acquire`), run in
-    the operator's first task: the initial state applied to the empty version 0, and the
-    timers it made due fired, with no input; their output goes to ``output``, which the
-    task yields before its own. It runs in a partition without initial rows too, as batch 0
-    would have (the operator record it writes is in every partition's version 1)."""
+    the operator's first task: the initial state applied to the empty version 0, with no
+    input and nothing fired, on the clock of the task's batch (``now_ms``). Timers it makes
+    due fire in the task's own batch, whose output a retry of the task computes again
+    (batch 0's would be lost: its version is committed before the task yields anything).
+    It runs in a partition without initial rows too, as batch 0 would have (the operator
+    record it writes is in every partition's version 1)."""
     initial = initial_rows(lease.entry.backend.blobs, spec.initial, ctx.partition, 0)
     empty = KeyedInput(
         grouped=spec.key_groups is not None, spill_dir=spill_dir(),
         event_time_column=spec.time.event_time_column,
     )  # fmt: skip
-    try:
-        run = run_processor(
-            lease.store, processor, empty, keys=spec.keys, output_schema=spec.output_schema,
-            operator=spec.store.operator, batch_id=0, partition=ctx.partition, now_ms=now_ms,
-            key_schema=spec.key_schema, stats=stats, key_groups=spec.key_groups,
-            time=spec.time, batch=BatchTime(batch_max_event_ms=None), initial=initial,
-        )  # fmt: skip
-        output.extend(run)
-    finally:
-        empty.close()
+    run = run_processor(
+        lease.store, processor, empty, keys=spec.keys, output_schema=spec.output_schema,
+        operator=spec.store.operator, batch_id=0, partition=ctx.partition, now_ms=now_ms,
+        key_schema=spec.key_schema, stats=stats, key_groups=spec.key_groups, time=spec.time,
+        initial=initial, initial_only=True,
+    )  # fmt: skip
+    for _ in run:  # yields nothing; closes ``empty``
+        pass
 
 
 def arrow_task(spec: TaskSpec, fn: ArrowFunction, batches: Any) -> Iterator[Any]:
