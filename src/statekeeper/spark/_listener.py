@@ -258,8 +258,8 @@ def state_listener(spark: Any) -> StateListener:
 
 
 def remove_state_listener(spark: Any) -> bool:
-    """Take ``spark``'s statekeeper listener off ``spark.streams`` and let it go (its blob
-    stores and thread), so that a Spark Connect client can exit, and the next
+    """Take ``spark``'s statekeeper listener off ``spark.streams`` and stop its thread, so
+    that a Spark Connect client can exit, and the next
     :func:`state_listener` (or a classic session's next operator) adds a new one. Returns
     False if the session had none."""
     with _listeners_lock:
