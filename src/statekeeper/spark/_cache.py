@@ -944,8 +944,9 @@ def _shutdown(entry: _Entry) -> None:
 
 def _close_lost(entry: _Entry) -> None:
     """Close an idle store whose lock file was deleted or replaced (:meth:`StoreLock.keep`):
-    another process could lock and open its copy meanwhile. A store idle past its flush has
-    nothing left to write, so its close writes nothing into the folder either."""
+    another process could take a lock of that name. Its close may still flush into the
+    folder (unless the idle flush did already); RocksDB's own ``LOCK`` in the folder keeps
+    another process from having opened the copy meanwhile, unless that was deleted too."""
     _log.warning(
         "the lock file %s of a working copy this process holds open was deleted or replaced "
         "(by a cleaner of temporary files?): the store is closed and the copy opened again "
