@@ -161,6 +161,7 @@ def test_a_client_that_opts_in_to_the_listener_writes_epoch_manifests(
     finally:
         assert remove_state_listener(spark)
     assert state_listener(spark) is not listener  # a new one, followed by Connect again
+    assert remove_state_listener(spark)  # its thread would meet the closed channel
     spark.stop()
     later = clients()
     try:  # a stopped session's listener is let go (its session, pool and blob stores)
