@@ -40,6 +40,7 @@ __all__ = [
     "split_client_options",
     "unknown_option_message",
     "unparsable_option_message",
+    "url_password",
 ]
 
 # Option names whose values are secrets: never shown, and scrubbed from every message.
@@ -457,20 +458,22 @@ def _is_float(text: str) -> bool:
 def _found(name: str, value: object) -> str:
     """``<type> <value>`` for a message; the value is hidden if the option holds a secret,
     or looks like a URL with a password (an endpoint or a proxy with user:password@)."""
-    if is_secret_option(name) or (isinstance(value, str) and _has_password(value)):
+    if is_secret_option(name) or (isinstance(value, str) and url_password(value) is not None):
         return f"{type(value).__name__} (value hidden: it is a secret)"
     text = repr(value)
     shown = text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
     return f"{type(value).__name__} {shown}"
 
 
-def _has_password(text: str) -> bool:
+def url_password(text: str) -> str | None:
+    """The password of a URL option value (``user:password@host``); ``None`` if it has
+    none, ``""`` if it is too malformed to tell (it may still hold one)."""
     if "@" not in text:
-        return False
+        return None
     try:
-        return bool(urlsplit(text.strip()).password)
-    except ValueError:  # malformed: may still hold one
-        return True
+        return urlsplit(text.strip()).password
+    except ValueError:
+        return ""
 
 
 def _shown_name(name: object) -> str:

@@ -47,6 +47,7 @@ from statekeeper.storage._checks import (
     split_client_options,
     unknown_option_message,
     unparsable_option_message,
+    url_password,
 )
 from statekeeper.storage._parallel import (
     ParallelTransfers,
@@ -498,7 +499,7 @@ def _secret_values(uri: object, options: Mapping[str, str]) -> tuple[str, ...]:
     for value in list(secrets):
         secrets.update(_json_secrets(value))
     for value in options.values():  # a password in a URL option (an endpoint, a proxy)
-        if "@" in value and (password := _url_password(value)):
+        if password := url_password(value):
             secrets.add(password)
     if isinstance(uri, str):
         parts = urlsplit(uri)
@@ -509,13 +510,6 @@ def _secret_values(uri: object, options: Mapping[str, str]) -> tuple[str, ...]:
             secrets.update(value for _, value in parse_qsl(parts.query) if len(value) >= 4)
     # Longest first, so a secret containing another is replaced whole.
     return tuple(sorted(secrets, key=len, reverse=True))
-
-
-def _url_password(value: str) -> str | None:
-    try:
-        return urlsplit(value.strip()).password
-    except ValueError:
-        return None
 
 
 def _json_secrets(value: str) -> set[str]:
